@@ -1,0 +1,156 @@
+"""Drafter checkpoints in the released DFlash format: `config.json` + `model.safetensors`.
+
+Our module names equal the released key names (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`,
+`hidden_norm.weight`, `norm.weight`, no prefix), so the DFlash key map is the identity. Imports of
+other layouts rename keys through `KEY_MAPS`, one table per source format. Saving is atomic: a
+temporary folder is renamed into place, so an interrupted save never leaves a half checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ConfigError, DFlashConfig, default_target_layer_ids
+from .drafters.dflash import DFlashDraftModel, DFlashDrafter
+from .target import Target, load_target
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+#: source format -> list of (their prefix, our prefix); the first matching prefix wins.
+KEY_MAPS: dict[str, list[tuple[str, str]]] = {
+    "dflash": [],
+    # Some exports wrap the drafter in a `model.` prefix; the released format has none.
+    "prefixed": [("model.", "")],
+}
+
+
+def remap_keys(state: Mapping[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    table = KEY_MAPS[source]
+    out = {}
+    for key, tensor in state.items():
+        for theirs, ours in table:
+            if key.startswith(theirs):
+                key = ours + key[len(theirs):]
+                break
+        out[key] = tensor
+    return out
+
+
+def _atomic_write_folder(out_dir: Path, write) -> None:
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        write(tmp)
+        if out_dir.exists():
+            backup = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(backup, ignore_errors=True)
+            os.replace(out_dir, backup)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: Mapping[str, Any] | None = None) -> None:
+    """Write the released format. `extra_files` maps file names to JSON-able objects (e.g. a training config)."""
+    state = {key: tensor.detach().contiguous().cpu() for key, tensor in model.state_dict().items()
+             if not key.startswith("rotary_emb.")}
+
+    def write(folder: Path) -> None:
+        model.config.save(folder / CONFIG_NAME)
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        for name, obj in (extra_files or {}).items():
+            (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+    _atomic_write_folder(Path(out_dir), write)
+
+
+def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
+                       device: str | torch.device | None = None) -> DFlashDraftModel:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"drafter folder {folder} does not exist")
+    config = DFlashConfig.load(folder / CONFIG_NAME)
+    weights = folder / WEIGHTS_NAME
+    if not weights.exists():
+        raise ConfigError(f"{weights} is missing: a drafter folder needs config.json and model.safetensors")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ConfigError(f"{weights} is not a readable safetensors file ({err}); the checkpoint is corrupt") from None
+    source = "prefixed" if state and all(k.startswith("model.") for k in state) else "dflash"
+    state = remap_keys(state, source)
+    model = DFlashDraftModel(config)
+    expected = {k for k in model.state_dict() if not k.startswith("rotary_emb.")}
+    missing = sorted(expected - state.keys())
+    unexpected = sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise ConfigError(f"{weights} does not match its config.json: missing {missing[:6]}"
+                          f"{'...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
+                          f"{'...' if len(unexpected) > 6 else ''}")
+    for key, tensor in state.items():
+        want = model.state_dict()[key].shape
+        if tensor.shape != want:
+            raise ConfigError(f"{weights}: tensor {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(want)}")
+    model.load_state_dict(state, strict=False)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_drafter(path: str | Path, target: Target | str) -> DFlashDrafter:
+    """Load a DFlash drafter checkpoint for `target` (same device and dtype as the target)."""
+    target = load_target(target)
+    model = load_drafter_model(path, dtype=target.dtype, device=target.device)
+    return DFlashDrafter(model, target)
+
+
+def default_mask_token_id(target: Target) -> int:
+    """A reserved/unused token id: the first embedding row beyond the tokenizer, else its last id."""
+    tokenizer = target.tokenizer
+    if tokenizer is not None and len(tokenizer) < target.vocab_size:
+        return len(tokenizer)
+    return target.vocab_size - 1
+
+
+def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int = 16,
+                       target_layer_ids: tuple[int, ...] | None = None, mask_token_id: int | None = None,
+                       intermediate_size: int | None = None) -> DFlashConfig:
+    """A fresh drafter config shaped for `target` (SPEC §2 defaults)."""
+    cfg = target.config
+    heads = cfg.num_attention_heads
+    rope = dict(getattr(cfg, "rope_parameters", None) or {"rope_type": "default",
+                                                            "rope_theta": getattr(cfg, "rope_theta", 1e6)})
+    rope = {k: v for k, v in rope.items() if v is not None}
+    if isinstance(rope.get("full_attention"), dict):  # per-layer-type rope (e.g. Gemma 3)
+        rope = dict(rope["full_attention"])
+    return DFlashConfig(
+        hidden_size=target.hidden_size, intermediate_size=intermediate_size or cfg.intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=heads,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", heads) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or target.hidden_size // heads,
+        vocab_size=target.vocab_size, block_size=block_size, num_target_layers=target.num_layers,
+        target_layer_ids=target_layer_ids or default_target_layer_ids(target.num_layers, num_layers),
+        mask_token_id=default_mask_token_id(target) if mask_token_id is None else mask_token_id,
+        rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), max_position_embeddings=target.max_positions,
+        rope_parameters=rope,
+    )
+
+
+def init_drafter(target: Target, *, seed: int = 0, **kwargs) -> DFlashDrafter:
+    """A randomly initialised drafter for `target`, on its device and dtype."""
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(new_drafter_config(target, **kwargs))
+    return DFlashDrafter(model.to(device=target.device, dtype=target.dtype).eval(), target)

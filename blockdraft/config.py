@@ -1,0 +1,212 @@
+"""Frozen, validated configuration for each stage.
+
+Every config round-trips through JSON and is written beside the artefact it produced.
+Validation happens on construction and the message says how to fix the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+DFLASH_ARCHITECTURE = "DFlashDraftModel"
+LAYOUTS = ("dflash", "dspark")
+
+
+class ConfigError(ValueError):
+    """Raised for configuration values that cannot work; the message names the fix."""
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """SPEC §2: one draft layer -> [N // 2]; else evenly spaced over [1, N - 3], rounded.
+
+    N=36, 5 layers -> (1, 9, 17, 25, 33).
+    """
+    if num_target_layers < 2:
+        raise ConfigError(f"a target needs at least 2 decoder layers to feed a drafter, got {num_target_layers}")
+    if num_draft_layers < 1:
+        raise ConfigError(f"a drafter needs at least 1 layer, got {num_draft_layers}")
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    first, last = 1, max(1, num_target_layers - 3)
+    span = last - first
+    return tuple(int(round(first + span * i / (num_draft_layers - 1))) for i in range(num_draft_layers))
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """The drafter's architecture, mirroring the released DFlash `config.json`.
+
+    The file is a Qwen3-style config with `architectures: ["DFlashDraftModel"]`, top-level
+    `block_size` and `num_target_layers`, and `dflash_config: {mask_token_id, target_layer_ids}`.
+    Keys this class does not model are kept in `extra` and written back unchanged.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    rope_parameters: Mapping[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 1e6})
+    attention_bias: bool = False
+    layout: str = "dflash"  # "dspark": the anchor slot also predicts (SPEC §1)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2 (an anchor plus at least one prediction), got {self.block_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})")
+        if not self.target_layer_ids:
+            raise ConfigError("target_layer_ids is empty: pass at least one target layer id")
+        validate_layer_ids(self.target_layer_ids, self.num_target_layers)
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ConfigError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    @property
+    def num_proposals(self) -> int:
+        """Tokens proposed per round: B - 1 (DFlash layout) or B (DSpark layout)."""
+        return self.block_size - 1 if self.layout == "dflash" else self.block_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """The released `config.json` layout."""
+        out: dict[str, Any] = dict(self.extra)
+        out.update({
+            "architectures": [DFLASH_ARCHITECTURE],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_parameters.get("rope_theta", 1e6),
+            "rope_parameters": dict(self.rope_parameters),
+            "attention_bias": self.attention_bias,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+        })
+        if self.layout != "dflash":
+            out["blockdraft_layout"] = self.layout
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "DFlashConfig":
+        architectures = raw.get("architectures") or []
+        if DFLASH_ARCHITECTURE not in architectures:
+            raise ConfigError(
+                f"config.json describes {architectures or 'no architecture'}, not a DFlash drafter "
+                f"(expected architectures: [\"{DFLASH_ARCHITECTURE}\"]); point --drafter at a DFlash checkpoint "
+                "or create one with `blockdraft init-drafter`")
+        dflash = raw.get("dflash_config")
+        if not isinstance(dflash, Mapping) or "target_layer_ids" not in dflash or "mask_token_id" not in dflash:
+            raise ConfigError("config.json lacks dflash_config.{mask_token_id,target_layer_ids}")
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "vocab_size", "block_size", "num_target_layers") if k not in raw]
+        if missing:
+            raise ConfigError(f"config.json is missing required fields {missing}")
+        rope = raw.get("rope_parameters") or {}
+        if not rope:
+            rope = dict(raw.get("rope_scaling") or {})
+            rope.setdefault("rope_type", rope.pop("type", "default"))
+            rope["rope_theta"] = raw.get("rope_theta", 1e6)
+        known = {f.name for f in dataclasses.fields(cls)} | {
+            "architectures", "model_type", "rope_theta", "rope_scaling", "hidden_act", "tie_word_embeddings",
+            "dflash_config", "blockdraft_layout"}
+        heads = raw.get("num_attention_heads")
+        return cls(
+            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads", heads),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            vocab_size=raw["vocab_size"], block_size=raw["block_size"],
+            num_target_layers=raw["num_target_layers"],
+            target_layer_ids=tuple(dflash["target_layer_ids"]), mask_token_id=dflash["mask_token_id"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=raw.get("max_position_embeddings", 32768),
+            rope_parameters=rope, attention_bias=raw.get("attention_bias", False),
+            layout=raw.get("blockdraft_layout", "dflash"),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DFlashConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path} does not exist: a drafter folder needs config.json and model.safetensors") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path} is not valid JSON ({err}); the checkpoint is corrupt, re-save or re-download it") from None
+        return cls.from_dict(raw)
+
+
+def validate_layer_ids(layer_ids: tuple[int, ...] | list[int], num_target_layers: int) -> None:
+    """SPEC §2: id l is the output of decoder layer l; the last layer's output is post-norm and refused."""
+    for layer_id in layer_ids:
+        if not 0 <= layer_id < num_target_layers:
+            raise ConfigError(
+                f"target layer id {layer_id} is out of range for a {num_target_layers}-layer target "
+                f"(valid: 0..{num_target_layers - 2})")
+        if layer_id == num_target_layers - 1:
+            raise ConfigError(
+                f"target layer id {layer_id} is the final layer, whose hidden state transformers returns after "
+                f"the final norm; pick an id in 0..{num_target_layers - 2}")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen. `temperature == 0` is greedy.
+
+    top-k / top-p are applied identically to the target `p` and the drafter `q`.
+    `draft_argmax` drafts by argmax at T > 0 (then `q` is one-hot); it is never a silent default.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    draft_argmax: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

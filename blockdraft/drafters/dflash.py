@@ -1,0 +1,243 @@
+"""The DFlash block drafter (SPEC §2), readable in one sitting.
+
+A block `[anchor, MASK x (B-1)]` is embedded with the target's embeddings and run through a few
+pre-norm Qwen3 layers. Queries come from the block only; keys/values are the layer's own
+projections of the fused target context followed by the block itself, with no mask inside the
+block. The target's LM head turns the block's hidden states into draft logits.
+
+Module names equal the released checkpoint keys, so `state_dict()` is the released format.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+from ..config import ConfigError, DFlashConfig, SamplingConfig
+from ..decode.sampling import choose
+from ..target import Target
+from .base import Proposal
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as Qwen3 does: bf16 variance is too coarse.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (N, heads, T, hd); cos/sin (N, T, hd)."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class ContextCache:
+    """Per-layer keys/values of the projected target context (normed and rotated).
+
+    Only context positions live here; the block's own keys/values are dropped after each pass.
+    """
+
+    def __init__(self, num_layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def extend(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            keys = torch.cat([self.keys[layer], keys], dim=2)
+            values = torch.cat([self.values[layer], values], dim=2)
+        self.keys[layer], self.values[layer] = keys, values
+        return keys, values
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def _keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, t, _ = x.shape
+        keys = self.k_norm(self.k_proj(x).view(n, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        values = self.v_proj(x).view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(keys, cos, sin), values  # (N, kv_heads, t, hd) each
+
+    def forward(self, block: torch.Tensor, context: torch.Tensor, block_rope: tuple[torch.Tensor, torch.Tensor],
+                context_rope: tuple[torch.Tensor, torch.Tensor], cache: ContextCache | None, layer_index: int,
+                attention_mask: torch.Tensor | None) -> torch.Tensor:
+        n, t, _ = block.shape
+        query_states = self.q_norm(self.q_proj(block).view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        query_states = apply_rope(query_states, *block_rope)  # (N, heads, T, hd)
+        context_keys, context_values = self._keys_values(context, *context_rope)  # (N, kv, C_new, hd)
+        if cache is not None:
+            context_keys, context_values = cache.extend(layer_index, context_keys, context_values)
+        block_keys, block_values = self._keys_values(block, *block_rope)
+        key_states = torch.cat([context_keys, block_keys], dim=2)  # (N, kv, C + T, hd)
+        value_states = torch.cat([context_values, block_values], dim=2)
+        attn = F.scaled_dot_product_attention(query_states, key_states, value_states, attn_mask=attention_mask,
+                                              enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(attn.transpose(1, 2).reshape(n, t, -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(config)
+        self.mlp = DFlashMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, block, context, block_rope, context_rope, cache, layer_index, attention_mask):
+        block = block + self.self_attn(self.input_layernorm(block), context, block_rope, context_rope, cache,
+                                       layer_index, attention_mask)
+        return block + self.mlp(self.post_attention_layernorm(block))
+
+
+class DFlashDraftModel(nn.Module):
+    """The drafter's own weights: fusion (`fc`, `hidden_norm`), layers and final `norm`.
+
+    Embeddings and LM head are the target's and are passed in, never owned.
+    """
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.config = config
+        fused_width = len(config.target_layer_ids) * config.hidden_size
+        self.fc = nn.Linear(fused_width, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        rope_config = Qwen3Config(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                                  head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
+                                  rope_parameters=dict(config.rope_parameters))
+        self.rotary_emb = Qwen3RotaryEmbedding(rope_config)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, block_embeds: torch.Tensor, context_features: torch.Tensor, block_positions: torch.Tensor,
+                context_positions: torch.Tensor, cache: ContextCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft hidden states for a block.
+
+        block_embeds (N, T, H): target embeddings of [anchor, MASK, ...];
+        context_features (N, C, n*H): raw target features of the context positions not yet cached;
+        block_positions (N, T) / context_positions (N, C): absolute positions for RoPE;
+        attention_mask (N, 1, T, C_total + T) boolean, None = every query sees everything.
+        Returns final-normed hidden states (N, T, H) for the target LM head.
+        """
+        context = self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))  # (N, C, H)
+        block = block_embeds.to(self.fc.weight.dtype)
+        block_rope = self.rotary_emb(block, block_positions)
+        context_rope = self.rotary_emb(block, context_positions)
+        for index, layer in enumerate(self.layers):
+            block = layer(block, context, block_rope, context_rope, cache, index, attention_mask)
+        return self.norm(block)
+
+
+class DFlashDrafter:
+    """Drafter protocol over a DFlash model and the target whose embeddings and LM head it borrows."""
+
+    def __init__(self, model: DFlashDraftModel, target: Target):
+        config = model.config
+        check_compatible(config, target)
+        self.model = model
+        self.target = target
+        self.config = config
+        self.target_layer_ids = tuple(config.target_layer_ids)
+        self.max_proposals = config.num_proposals
+        # DFlash: slot 0 is the anchor and only conditions; DSpark: the anchor slot also predicts.
+        self.first_predicting_slot = 1 if config.layout == "dflash" else 0
+        self.cache: ContextCache | None = None
+        self.pending: torch.Tensor | None = None  # (1, m, F) target features not yet in the cache
+
+    def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
+        self.cache = ContextCache(self.config.num_hidden_layers)
+        self.pending = prompt_features
+
+    @torch.inference_mode()
+    def block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
+        """One drafter pass for the block after ids (1, L); returns (num_proposals, V) logits."""
+        start = ids.shape[1] - 1  # anchor position = context length
+        cached = self.cache.length
+        pending = self.pending
+        if pending is None or cached + pending.shape[1] != start:
+            have = cached + (0 if pending is None else pending.shape[1])
+            raise RuntimeError(f"drafter context covers {have} positions but the anchor sits at {start}")
+        device = ids.device
+        block_len = num_proposals + self.first_predicting_slot
+        block_ids = torch.full((1, block_len), self.config.mask_token_id, dtype=torch.long, device=device)
+        block_ids[0, 0] = ids[0, -1]
+        block_positions = torch.arange(start, start + block_len, device=device)[None]
+        context_positions = torch.arange(cached, start, device=device)[None]
+        hidden = self.model(self.target.embed_tokens(block_ids), pending, block_positions, context_positions,
+                            cache=self.cache)
+        self.pending = None
+        return self.target.logits_from_hidden(hidden[0, self.first_predicting_slot:])  # (k, V)
+
+    def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        logits = self.block_logits(ids, min(num_proposals, self.max_proposals))
+        tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
+        return Proposal(tokens=tokens, q_draft=q_draft)
+
+    def commit(self, length: int, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise RuntimeError("a DFlash drafter needs target features for every committed position")
+        self.pending = features if self.pending is None else torch.cat([self.pending, features], dim=1)
+
+
+def check_compatible(config: DFlashConfig, target: Target) -> None:
+    """Refuse a drafter built for another target, naming what differs."""
+    problems = []
+    if config.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {config.hidden_size} vs target {target.hidden_size}")
+    if config.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {config.vocab_size} vs target {target.vocab_size}")
+    if config.num_target_layers != target.num_layers:
+        problems.append(f"num_target_layers {config.num_target_layers} vs target's {target.num_layers} layers")
+    if problems:
+        raise ConfigError("this drafter was built for a different target: " + "; ".join(problems)
+                          + ". Train or init a drafter for this target (`blockdraft init-drafter --target ...`).")
+    target.check_layer_ids(config.target_layer_ids)

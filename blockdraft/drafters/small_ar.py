@@ -1,0 +1,56 @@
+"""Small-AR-draft baseline: any causal LM sharing the tokenizer drafts K tokens one by one."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from ..config import ConfigError, SamplingConfig
+from ..decode.sampling import choose
+from ..target import Target, load_target
+from .base import Proposal
+
+
+class SmallARDrafter:
+    """Classic speculative decoding draft with its own KV cache (Leviathan et al. 2023)."""
+
+    target_layer_ids: tuple[int, ...] = ()
+
+    def __init__(self, model: Target | PreTrainedModel | str, target: Target, num_proposals: int = 4):
+        self.model = load_target(model, dtype=target.dtype, device=target.device)
+        if self.model.vocab_size != target.vocab_size:
+            raise ConfigError(
+                f"draft model vocabulary ({self.model.vocab_size}) differs from the target's ({target.vocab_size}); "
+                "a small-AR draft must share the target's tokenizer")
+        if num_proposals < 1:
+            raise ConfigError(f"num_proposals must be >= 1, got {num_proposals}")
+        self.max_proposals = num_proposals
+        self.cache = None
+        self.cached = 0  # positions 0..cached-1 are in the draft cache
+
+    def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
+        self.cache = self.model.new_cache()
+        self.model.forward(prompt_ids, 0, self.cache, logits_to_keep=1)
+        self.cached = prompt_ids.shape[1]
+
+    @torch.inference_mode()
+    def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        pending = ids[:, self.cached:]  # committed tokens the draft has not seen, ending with the anchor
+        tokens, dists = [], []
+        for _ in range(min(num_proposals, self.max_proposals)):
+            out = self.model.forward(pending, self.cached, self.cache, logits_to_keep=1)
+            self.cached += pending.shape[1]
+            token, probs = choose(out.logits[0, -1], sampling, generator, argmax=sampling.draft_argmax)
+            tokens.append(token)
+            dists.append(probs)
+            pending = token.view(1, 1)
+        proposal = torch.stack(tokens) if tokens else ids.new_empty(0)
+        q_draft = torch.stack(dists) if dists and dists[0] is not None else None
+        return Proposal(tokens=proposal, q_draft=q_draft)
+
+    def commit(self, length: int, features: torch.Tensor | None) -> None:
+        # Valid draft cache: the committed tokens up to the new anchor (exclusive).
+        keep = min(self.cached, length - 1)
+        Target.crop(self.cache, keep)
+        self.cached = keep

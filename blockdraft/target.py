@@ -1,0 +1,162 @@
+"""Adapter over any Hugging Face causal LM used as the target `p`.
+
+It gives the decoding loop and the drafters exactly what they need: a cached forward over new
+tokens at explicit positions, the hidden states of chosen layers (SPEC §2 convention), cache
+cropping to a committed length, and the frozen embeddings and LM head that drafters borrow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from .config import ConfigError, validate_layer_ids
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16") from None
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # (1, n_kept, V) float32
+    features: torch.Tensor | None  # (1, n, len(layer_ids) * H) or None when no layers were asked
+
+
+class Target:
+    """A frozen causal LM with cached forward, feature capture and cache crop."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer=None, name: str | None = None):
+        self.model = model.eval()
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.config = text_config
+        self.num_layers: int = text_config.num_hidden_layers
+        self.hidden_size: int = text_config.hidden_size
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.max_positions: int = getattr(text_config, "max_position_embeddings", 1 << 30)
+        self.softcap: float | None = getattr(text_config, "final_logit_softcapping", None)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """Input embeddings, including any model-specific scaling (e.g. Gemma's sqrt(H))."""
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Apply the target's LM head (and final soft-capping where the model has it)."""
+        logits = self.lm_head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def eos_token_ids(self) -> list[int]:
+        ids: list[int] = []
+        for source in (getattr(self.model, "generation_config", None), self.config):
+            eos = getattr(source, "eos_token_id", None) if source is not None else None
+            for token in (eos if isinstance(eos, (list, tuple)) else [eos]):
+                if token is not None and int(token) not in ids:
+                    ids.append(int(token))
+        return ids
+
+    def check_layer_ids(self, layer_ids: Sequence[int]) -> None:
+        validate_layer_ids(tuple(layer_ids), self.num_layers)
+
+    def new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        # Sliding-window layers must keep rejected positions until we crop them away.
+        cache.activate_past_recording()
+        return cache
+
+    @staticmethod
+    def crop(cache: DynamicCache, length: int) -> None:
+        """Keep the first `length` positions (transformers 5.x crops by a negative count)."""
+        current = cache.get_seq_length()
+        if length > current:
+            raise ValueError(f"cannot crop a cache of {current} positions to {length}")
+        cache.crop(length - current)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, start: int, cache: DynamicCache,
+                layer_ids: Sequence[int] = (), logits_to_keep: int = 0) -> TargetOutput:
+        """Run `input_ids` (1, n) at positions start..start+n-1 on top of `cache`.
+
+        Layer id `l` is the output of decoder layer `l` = `hidden_states[l + 1]` (index 0 is the
+        embeddings). `logits_to_keep=0` keeps logits for every position.
+        """
+        n = input_ids.shape[1]
+        positions = torch.arange(start, start + n, device=input_ids.device)[None]  # (1, n)
+        out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                         output_hidden_states=bool(layer_ids), logits_to_keep=logits_to_keep)
+        features = None
+        if layer_ids:
+            features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, n, L*H)
+        return TargetOutput(logits=out.logits.float(), features=features)
+
+
+def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: str | torch.dtype | None = None,
+                device: str | torch.device | None = None) -> Target:
+    """Wrap a loaded model, or load one from a local folder or a `blockdraft assets` name."""
+    if isinstance(path_or_model, Target):
+        return path_or_model
+    if isinstance(path_or_model, PreTrainedModel):
+        model = path_or_model
+        if dtype is not None or device is not None:
+            model = model.to(device=device, dtype=parse_dtype(dtype) if dtype else None)
+        return Target(model)
+    path = resolve_model_path(path_or_model)
+    kwargs = {"dtype": parse_dtype(dtype) if dtype else "auto"}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise ConfigError(f"could not load a causal LM from {path}: {err}") from None
+    if device is not None:
+        model = model.to(device)
+    tokenizer = None
+    try:
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        pass
+    return Target(model, tokenizer=tokenizer, name=str(path_or_model))
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A local folder as is, or the folder of a `blockdraft assets` model name."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from .assets import resolve_model
+    except ImportError:
+        resolve_model = None
+    if resolve_model is not None:
+        return Path(resolve_model(str(name_or_path)))
+    raise ConfigError(f"{name_or_path} is neither a model folder nor a known asset name")
