@@ -1,0 +1,1 @@
+"""Training DFlash drafters: block construction, objectives' driver, trainer."""

@@ -1,0 +1,62 @@
+"""A few seconds of drafter training on a target's own greedy text (for the demo and tests).
+
+It uses the same block construction as the full trainer, with plain decayed cross-entropy; it
+exists so a tiny drafter can be shown accepting tokens without the full training stack.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.dflash import DFlashDrafter
+from .blocks import block_attention_mask, build_blocks, sample_anchors
+
+
+def draft_logits_for_blocks(drafter: DFlashDrafter, features: torch.Tensor, blocks) -> torch.Tensor:
+    """All blocks of one sequence in one forward. features (1, S, F) -> logits (n, B-1, V)."""
+    n, block_size = blocks.block_ids.shape
+    seq_len = features.shape[1]
+    device = features.device
+    embeds = drafter.target.embed_tokens(blocks.block_ids.reshape(1, -1))  # (1, n*B, H)
+    mask = block_attention_mask(blocks.anchors, seq_len, block_size)
+    hidden = drafter.model(embeds, features, blocks.positions.reshape(1, -1),
+                           torch.arange(seq_len, device=device)[None], attention_mask=mask)
+    hidden = hidden.view(n, block_size, -1)[:, 1:]  # slots 1..B-1
+    return drafter.target.logits_from_hidden(hidden)
+
+
+def quick_fit(drafter: DFlashDrafter, sequences: list[torch.Tensor], *, steps: int = 60, lr: float = 3e-3,
+              num_anchors: int = 32, gamma: float = 4.0, seed: int = 0) -> list[float]:
+    """Fit `drafter` on token sequences (each (S,), all positions supervised). Returns the losses."""
+    target = drafter.target
+    block_size = drafter.config.block_size
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        cached = []
+        for seq in sequences:
+            ids = seq.to(target.device)[None]
+            out = target.model(ids, output_hidden_states=True)
+            feats = torch.cat([out.hidden_states[l + 1] for l in drafter.target_layer_ids], dim=-1)
+            cached.append((seq.to(target.device), feats))
+    weights = torch.tensor([math.exp(-k / gamma) for k in range(block_size - 1)], device=target.device)
+    optimizer = torch.optim.AdamW(drafter.model.parameters(), lr=lr)
+    drafter.model.train()
+    losses = []
+    for step in range(steps):
+        seq, feats = cached[step % len(cached)]
+        loss_mask = torch.ones_like(seq)
+        anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator).to(seq.device)
+        blocks = build_blocks(seq, loss_mask, anchors, block_size, drafter.config.mask_token_id)
+        logits = draft_logits_for_blocks(drafter, feats, blocks)  # (n, B-1, V)
+        ce = F.cross_entropy(logits.float().flatten(0, 1), blocks.labels.flatten(), reduction="none")
+        w = weights[None] * blocks.label_mask
+        loss = (ce.view_as(w) * w).sum() / w.sum().clamp_min(1.0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    drafter.model.eval()
+    return losses

@@ -1,0 +1,25 @@
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-real", action="store_true", default=False,
+                     help="run tests marked real_assets (need `blockdraft assets fetch` first)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_assets: needs the real models/datasets fetched by `blockdraft assets`")
+    config.addinivalue_line("markers", "slow: slower checks, still offline")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-real") or os.environ.get("BLOCKDRAFT_RUN_REAL") == "1":
+        return
+    skip = pytest.mark.skip(reason="real-asset test: run with `pytest -m real_assets --run-real`")
+    for item in items:
+        if "real_assets" in item.keywords:
+            item.add_marker(skip)
