@@ -57,6 +57,6 @@ def quick_fit(drafter: DFlashDrafter, sequences: list[torch.Tensor], *, steps: i
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     drafter.model.eval()
     return losses

@@ -1,0 +1,199 @@
+"""`blockdraft <subcommand>`: one CLI, flags mapping 1:1 to config fields."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .config import ConfigError
+
+
+def _setup_torch(args: argparse.Namespace) -> torch.device:
+    """Device and threads are chosen once, here, and printed."""
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return device
+
+
+def _load_pair(args: argparse.Namespace, device: torch.device):
+    """Target plus the drafter named by --drafter / --draft-model (None for plain decoding)."""
+    from .checkpoints import load_drafter
+    from .drafters.small_ar import SmallARDrafter
+    from .target import load_target
+
+    target = load_target(args.target, dtype=args.dtype, device=device)
+    if args.drafter and args.draft_model:
+        raise ConfigError("pass either --drafter (a DFlash checkpoint) or --draft-model (a small causal LM), not both")
+    drafter = None
+    if args.drafter:
+        drafter = load_drafter(args.drafter, target)
+    elif args.draft_model:
+        drafter = SmallARDrafter(args.draft_model, target, num_proposals=args.num_proposals or 4)
+    return target, drafter
+
+
+def _encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ConfigError(f"{target.name} has no tokenizer, so a text prompt cannot be encoded")
+    if chat:
+        messages = [{"role": "user", "content": text}]
+        try:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False,
+                                                return_dict=False)
+        except TypeError:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from . import generate
+
+    device = _setup_torch(args)
+    target, drafter = _load_pair(args, device)
+    if not args.prompt:
+        raise ConfigError("the prompt is empty: pass --prompt TEXT")
+    prompt_ids = _encode_prompt(target, args.prompt, args.chat)
+    result = generate(target, drafter, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_p=args.top_p, top_k=args.top_k, seed=args.seed, draft_argmax=args.draft_argmax,
+                      num_proposals=args.num_proposals)
+    text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    decode_tps = (len(result.tokens) - 1) / result.decode_s if result.decode_s > 0 else float("nan")
+    if args.json:
+        payload = {"text": text, **result.to_dict(), "decode_tokens_per_s": decode_tps}
+        print(json.dumps(payload, indent=2))
+    else:
+        print(text)
+        print(f"\n[{len(result.tokens)} tokens | tau {result.tau:.2f} over {len(result.rounds)} rounds | "
+              f"prefill {result.prefill_s * 1000:.0f} ms | decode {decode_tps:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_init_drafter(args: argparse.Namespace) -> int:
+    from .checkpoints import init_drafter, save_drafter
+    from .target import load_target
+
+    target = load_target(args.target, dtype="fp32")
+    layer_ids = tuple(int(x) for x in args.target_layer_ids.split(",")) if args.target_layer_ids else None
+    drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
+                           mask_token_id=args.mask_token_id, seed=args.seed)
+    save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out)
+    cfg = drafter.config
+    print(f"wrote {args.out}: {cfg.num_hidden_layers} layer(s), block {cfg.block_size}, "
+          f"target layers {list(cfg.target_layer_ids)}, mask token {cfg.mask_token_id}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    _setup_torch(args)
+    return run_demo(seed=args.seed, block_size=args.block_size, steps=args.steps)
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    from .decode.overhead import add_overhead_report
+
+    return add_overhead_report(args)
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
+    parser.add_argument("--drafter", help="DFlash drafter checkpoint folder")
+    parser.add_argument("--draft-model", help="small causal LM (folder or asset name) for the small-AR baseline")
+    parser.add_argument("--num-proposals", type=int, default=None,
+                        help="tokens proposed per round (default: drafter block size - 1; small-AR: 4)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blockdraft", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"blockdraft {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="generate text, speculatively when a drafter is given")
+    _add_model_flags(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--draft-argmax", action="store_true", help="draft by argmax even at temperature > 0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print text, token ids, tau and per-round records as JSON")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("init-drafter", help="create a fresh DFlash drafter for a target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--target-layer-ids", default=None, help="comma-separated; default per SPEC §2")
+    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_init_drafter)
+
+    p = sub.add_parser("demo", help="tiny target + drafter: a lossless speculative generation and its tau")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=600, help="quick training steps for the tiny drafter")
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench-engine", help="engine overhead: time per round / (drafter + verify forward)")
+    p.add_argument("--target", required=True, help="model folder, asset name, or `tiny` for a tiny random Qwen3")
+    p.add_argument("--drafter", help="DFlash drafter folder (default: a fresh drafter)")
+    p.add_argument("--draft-model", help="measure the small-AR loop with this draft model instead")
+    p.add_argument("--layers", type=int, default=1, help="layers of the fresh drafter")
+    p.add_argument("--num-proposals", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16, help="block size of the fresh drafter")
+    p.add_argument("--prompt", default="Write a Python function that reverses a string.")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench_engine)
+
+    for module in ("assets", "data.regen"):
+        try:
+            imported = __import__(f"blockdraft.{module}", fromlist=["add_cli"])
+        except ImportError as err:  # an optional extra is missing; the rest of the CLI still works
+            print(f"note: `{module}` commands unavailable ({err})", file=sys.stderr)
+            continue
+        imported.add_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .assets import AssetError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, AssetError) as err:
+        print(f"blockdraft {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+import json
+
+import pytest
+
+import blockdraft
+from blockdraft.cli import main
+from blockdraft.tiny import save_tiny_chat_model
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-target"))
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert blockdraft.__version__ in capsys.readouterr().out
+
+
+def test_init_drafter_then_generate_json_is_lossless(model_folder, tmp_path, capsys):
+    drafter_dir = tmp_path / "drafter"
+    assert main(["init-drafter", "--target", str(model_folder), "--layers", "2", "--block-size", "4",
+                 "--dtype", "fp32", "--out", str(drafter_dir)]) == 0
+    config = json.loads((drafter_dir / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == [1, 1]  # SPEC §2 spacing over [1, N-3] for N=3
+    assert config["dflash_config"]["mask_token_id"] >= len(json.loads((model_folder / "tokenizer.json").read_text())["model"]["vocab"])
+    capsys.readouterr()
+    outputs = {}
+    for name, extra in (("plain", []), ("dflash", ["--drafter", str(drafter_dir)]),
+                        ("small_ar", ["--draft-model", str(model_folder), "--num-proposals", "3"])):
+        assert main(["generate", "--target", str(model_folder), *extra, "--prompt", "w1 w2 w3", "--chat",
+                     "--max-new-tokens", "20", "--dtype", "fp32", "--json"]) == 0
+        outputs[name] = json.loads(capsys.readouterr().out)
+    for name in ("dflash", "small_ar"):
+        assert outputs[name]["tokens"] == outputs["plain"]["tokens"]
+        assert outputs[name]["text"] == outputs["plain"]["text"]
+    assert outputs["small_ar"]["tau"] > 1  # the target drafting for itself
+    record = outputs["dflash"]["rounds"][0]
+    assert set(record) >= {"proposed", "accepted", "emitted", "draft_s", "verify_s"}
+    assert outputs["plain"]["prefill_s"] > 0
+
+
+def test_bad_input_exits_2_with_a_message(model_folder, tmp_path, capsys):
+    assert main(["generate", "--target", str(model_folder), "--prompt", "w1", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
+    assert main(["generate", "--target", str(model_folder), "--prompt", "w1", "--drafter", str(tmp_path / "none")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", "--target", str(tmp_path / "missing-model"), "--prompt", "w1"]) == 2
+    assert "missing-model" in capsys.readouterr().err
+    assert main(["init-drafter", "--target", str(model_folder), "--block-size", "1", "--out", str(tmp_path / "d")]) == 2
+    assert not (tmp_path / "d").exists()
+
+
+def test_demo_runs_and_is_lossless(capsys):
+    assert main(["demo", "--steps", "30"]) == 0
+    assert "lossless: yes" in capsys.readouterr().out
