@@ -107,6 +107,16 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
     return add_overhead_report(args)
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train.config import TrainConfig
+    from .train.loop import train
+
+    config = TrainConfig.load(args.config, args.overrides)
+    final = train(config, resume=args.resume)
+    print(f"drafter written to {final}")
+    return 0
+
+
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
     parser.add_argument("--drafter", help="DFlash drafter checkpoint folder")
@@ -147,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_init_drafter)
 
+    p = sub.add_parser("train", help="train a DFlash drafter from a JSON recipe (see recipes/)")
+    p.add_argument("--config", required=True, help="recipe JSON (fields of TrainConfig)")
+    p.add_argument("overrides", nargs="*", metavar="field=value", help="override recipe fields")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir's latest checkpoint")
+    p.set_defaults(func=cmd_train)
+
     p = sub.add_parser("demo", help="tiny target + drafter: a lossless speculative generation and its tau")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=8)
@@ -182,12 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .assets import AssetError
+    from .train.checkpoint import TrainingError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, AssetError) as err:
+    except (ConfigError, AssetError, TrainingError) as err:
         print(f"blockdraft {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,7 +32,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor  # (1, n_kept, V) float32
+    logits: torch.Tensor | None  # (1, n_kept, V) float32
     features: torch.Tensor | None  # (1, n, len(layer_ids) * H) or None when no layers were asked
 
 
@@ -119,6 +119,15 @@ class Target:
         if layer_ids:
             features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, n, L*H)
         return TargetOutput(logits=out.logits.float(), features=features)
+
+    @torch.inference_mode()
+    def features(self, input_ids: torch.Tensor, layer_ids: Sequence[int], *,
+                 with_logits: bool = False) -> TargetOutput:
+        """Whole-sequence features for training: no cache; logits only when asked (they cost S x V)."""
+        out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=True,
+                         logits_to_keep=0 if with_logits else 1)
+        features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, S, L*H)
+        return TargetOutput(logits=out.logits.float() if with_logits else None, features=features)
 
 
 def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: str | torch.dtype | None = None,

@@ -12,20 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.dflash import DFlashDrafter
-from .blocks import block_attention_mask, build_blocks, sample_anchors
+from .blocks import build_blocks, sample_anchors
+from .forward import block_logits
 
 
 def draft_logits_for_blocks(drafter: DFlashDrafter, features: torch.Tensor, blocks) -> torch.Tensor:
     """All blocks of one sequence in one forward. features (1, S, F) -> logits (n, B-1, V)."""
-    n, block_size = blocks.block_ids.shape
-    seq_len = features.shape[1]
-    device = features.device
-    embeds = drafter.target.embed_tokens(blocks.block_ids.reshape(1, -1))  # (1, n*B, H)
-    mask = block_attention_mask(blocks.anchors, seq_len, block_size)
-    hidden = drafter.model(embeds, features, blocks.positions.reshape(1, -1),
-                           torch.arange(seq_len, device=device)[None], attention_mask=mask)
-    hidden = hidden.view(n, block_size, -1)[:, 1:]  # slots 1..B-1
-    return drafter.target.logits_from_hidden(hidden)
+    return block_logits(drafter.model, drafter.target, features, blocks)
 
 
 def quick_fit(drafter: DFlashDrafter, sequences: list[torch.Tensor], *, steps: int = 60, lr: float = 3e-3,

@@ -1,0 +1,139 @@
+"""The training stage's frozen config: a recipe JSON plus `field=value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+
+FEATURE_MODES = ("online", "cached")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # what to train on
+    target: str  # model folder or asset name
+    data: str  # regenerated JSONL or ShareGPT-style JSON/JSONL
+    out_dir: str
+    max_length: int = 1024  # tokens per conversation after templating
+    # the drafter
+    drafter_init: str | None = None  # start from this drafter checkpoint instead of a fresh one
+    num_layers: int = 1
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None  # None = SPEC §2 default
+    # the objective (SPEC §4) and its knobs
+    objective: str = "dpace"
+    gamma: float | None = None
+    alpha: float = 0.5
+    topk: int = 3
+    alpha_f: float = 0.3
+    alpha_c: float = 40.0
+    l2r_gamma: float = 10.0
+    normalisation: str | None = None
+    # optimisation (D-PACE App. C / SPEC §5 recipe defaults)
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    max_steps: int = 1000
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+    sequences_per_step: int = 1  # conversations per micro-batch (per process)
+    num_anchors: int = 512
+    weight_decay: float = 0.0
+    seed: int = 0
+    # features, precision, device
+    features: str = "online"  # "online": target forward every step; "cached": precomputed once
+    feature_cache: str | None = None  # folder of the cached features (default: <out_dir>/features)
+    target_dtype: str = "bf16"
+    autocast_bf16: bool = True
+    device: str | None = None
+    threads: int | None = None
+    # bookkeeping
+    save_every: int = 100
+    log_every: int = 10
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        if self.target_layer_ids is not None:
+            object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+        from ..losses import LOSSES
+
+        if self.objective not in LOSSES:
+            raise ConfigError(f"unknown objective {self.objective!r}; choose one of {sorted(LOSSES)}")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        positive = ("max_length", "num_layers", "max_steps", "grad_accum", "sequences_per_step", "num_anchors",
+                    "save_every", "log_every", "keep_checkpoints")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.features not in FEATURE_MODES:
+            raise ConfigError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
+        if self.max_length < self.block_size + 1:
+            raise ConfigError(f"max_length ({self.max_length}) must exceed block_size ({self.block_size})")
+        self.loss_knobs()  # validates the knobs
+
+    def loss_knobs(self):
+        from ..losses import LossKnobs
+
+        try:
+            return LossKnobs(gamma=self.gamma, alpha=self.alpha, topk=self.topk, alpha_f=self.alpha_f,
+                             alpha_c=self.alpha_c, l2r_gamma=self.l2r_gamma, normalisation=self.normalisation)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["target_layer_ids"] = list(self.target_layer_ids) if self.target_layer_ids is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"unknown training config field(s) {unknown}; valid fields: {sorted(known)}")
+        try:
+            return cls(**raw)
+        except TypeError as err:
+            raise ConfigError(f"incomplete training config: {err}") from None
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> "TrainConfig":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"recipe {path} does not exist") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"recipe {path} is not valid JSON: {err}") from None
+        raw.pop("_comment", None)
+        return cls.from_dict(apply_overrides(raw, overrides))
+
+    def resume_key(self) -> dict[str, Any]:
+        """Fields that must match for a resume: everything but bookkeeping and the step budget."""
+        free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads"}
+        return {k: v for k, v in self.to_dict().items() if k not in free}
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`field=value` strings; values parse as JSON when they can (numbers, null, lists), else as text."""
+    out = dict(raw)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like field=value")
+        key, value = item.split("=", 1)
+        if key not in known:
+            raise ConfigError(f"unknown training config field {key!r} in override; valid fields: {sorted(known)}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out

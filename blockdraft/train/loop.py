@@ -1,0 +1,301 @@
+"""`train(config)`: one loop for one CPU process and for `torchrun` (DDP overlay).
+
+Exact reduction: every sequence contributes a loss numerator (backpropagated as is) and a
+denominator; after all micro-batches of all ranks the summed gradients are divided by the global
+denominator, so the update equals one process on the concatenated batch.
+
+Determinism: the data order and each sequence's anchors are pure functions of (seed, step,
+position in the global batch), so `resume` continues to the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from .. import acceptance
+from ..checkpoints import init_drafter, load_drafter, load_drafter_model
+from ..config import ConfigError
+from ..drafters.dflash import DFlashDrafter
+from ..losses import LossKnobs, chunked_log_probs_of_labels, dpace_weights, get_loss
+from ..target import Target, load_target
+from .blocks import build_blocks, sample_anchors
+from .checkpoint import TrainingError, latest_checkpoint, load_train_state, save_checkpoint
+from .config import TrainConfig
+from .forward import block_logits
+
+NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl"}
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, device: torch.device) -> "Distributed":
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size == 1:
+            return cls()
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return cls(rank=dist.get_rank(), world_size=world_size)
+
+    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value
+
+
+def cosine_with_warmup(step: int, total: int, warmup_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup, then cosine decay to 0."""
+    warmup = int(round(warmup_ratio * total))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def sequence_indices(step: int, config: TrainConfig, world_size: int, dataset_size: int) -> list[int]:
+    """Global positions of step `step`'s batch mapped through per-epoch seeded permutations."""
+    per_step = config.grad_accum * world_size
+    out = []
+    for position in range(step * per_step, (step + 1) * per_step):
+        epoch, offset = divmod(position, dataset_size)
+        order = torch.randperm(dataset_size, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+        out.append(int(order[offset]))
+    return out
+
+
+class TrainingData:
+    """Tokenised conversations plus their target features, online or from the cache."""
+
+    def __init__(self, config: TrainConfig, target: Target, layer_ids: tuple[int, ...], dist_info: Distributed):
+        from ..data.conversations import TokenizedDataset
+
+        if target.tokenizer is None:
+            raise ConfigError(f"target {config.target} has no tokenizer: training needs it to template conversations")
+        self.dataset = TokenizedDataset(config.data, target.tokenizer, max_length=config.max_length,
+                                        min_length=config.block_size + 1)
+        self.target = target
+        self.layer_ids = layer_ids
+        self.with_logits = config.objective in NEEDS_TARGET_LOGITS
+        self.cache = None
+        if config.features == "cached":
+            if self.with_logits:
+                raise ConfigError(f"objective {config.objective} needs the target's logits, which the feature cache "
+                                  "does not store; use features=online")
+            from .features import FeatureCache, cache_features
+
+            folder = Path(config.feature_cache or Path(config.out_dir) / "features")
+            if dist_info.is_main:
+                cache_features(target, self.dataset, layer_ids, folder)
+            if dist_info.world_size > 1:
+                dist.barrier()
+            self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def get(self, index: int):
+        item = self.dataset[index]
+        device = self.target.device
+        input_ids, loss_mask = item.input_ids.to(device), item.loss_mask.to(device)
+        if self.cache is not None:
+            return input_ids, loss_mask, self.cache.features(index).to(device), None
+        out = self.target.features(input_ids[None], self.layer_ids, with_logits=self.with_logits)
+        return input_ids, loss_mask, out.features, out.logits
+
+
+def _setup(config: TrainConfig):
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return device
+
+
+def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> Path:
+    """Train a drafter per `config`; returns the final checkpoint folder.
+
+    `stop_after` ends the run after that many steps of this invocation (used to test resume).
+    """
+    device = _setup(config)
+    dist_info = Distributed.from_env(device)
+    torch.manual_seed(config.seed)
+    out_dir = Path(config.out_dir)
+    target = load_target(config.target, dtype=config.target_dtype, device=device)
+
+    start_step, state = 0, None
+    previous = latest_checkpoint(out_dir)
+    if previous is not None and not resume:
+        raise ConfigError(f"{out_dir} already holds checkpoints (latest {previous.name}); pass --resume to continue "
+                          "or choose another out_dir")
+    if resume and previous is not None:
+        state = load_train_state(previous, config)
+        start_step = state["step"]
+        # Master weights stay float32: loading at the target's bf16 would make a resume diverge.
+        drafter = DFlashDrafter(load_drafter_model(previous, dtype=torch.float32, device=device), target)
+    elif config.drafter_init:
+        drafter = load_drafter(config.drafter_init, target)
+    else:
+        drafter = init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
+                               target_layer_ids=config.target_layer_ids, seed=config.seed)
+    if drafter.config.block_size != config.block_size:
+        raise ConfigError(f"block_size {config.block_size} does not match the drafter's {drafter.config.block_size}; "
+                          f"set block_size={drafter.config.block_size}")
+    model = drafter.model.float().train()
+    wrapped = DistributedDataParallel(model) if dist_info.world_size > 1 else model
+    data = TrainingData(config, target, drafter.target_layer_ids, dist_info)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    loss_fn = get_loss(config.objective)
+    knobs = config.loss_knobs()
+    first_slot = drafter.first_predicting_slot
+    if dist_info.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        print(f"training {config.objective} | target {config.target} | {len(data)} conversations | "
+              f"drafter {drafter.config.num_hidden_layers} layer(s), B={config.block_size}, target layers "
+              f"{list(drafter.target_layer_ids)} | device {device}, {torch.get_num_threads()} threads, "
+              f"world {dist_info.world_size} | steps {start_step}->{config.max_steps}", flush=True)
+    metrics_path = out_dir / "metrics.jsonl"
+    if dist_info.is_main and metrics_path.exists():
+        _truncate_metrics(metrics_path, start_step)
+
+    last_good = previous
+    end_step = config.max_steps if stop_after is None else min(config.max_steps, start_step + stop_after)
+    progress = tqdm(range(start_step, end_step), initial=start_step, total=config.max_steps, desc="train",
+                    disable=not dist_info.is_main, dynamic_ncols=True)
+    for step in progress:
+        started = time.perf_counter()
+        lr = config.lr * cosine_with_warmup(step, config.max_steps, config.warmup_ratio)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        indices = sequence_indices(step, config, dist_info.world_size, len(data))
+        mine = indices[dist_info.rank * config.grad_accum:(dist_info.rank + 1) * config.grad_accum]
+        totals = torch.zeros(3, dtype=torch.float64, device=device)  # num, den, supervised slots
+        log_now = dist_info.is_main and (step % config.log_every == 0 or step == end_step - 1)
+        diagnostics = []
+        for micro, index in enumerate(mine):
+            input_ids, loss_mask, features, target_logits = data.get(index)
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + index)
+            anchors = sample_anchors(loss_mask.cpu(), config.num_anchors, generator).to(device)
+            if anchors.numel() == 0:
+                continue
+            blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, drafter.config.mask_token_id)
+            labels, mask = blocks.labels, blocks.label_mask
+            sync = micro == len(mine) - 1 or dist_info.world_size == 1
+            context = wrapped.no_sync() if (not sync and dist_info.world_size > 1) else _null()
+            with context:
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                    logits = block_logits(wrapped, target, features, blocks, first_slot)  # (n, K, V)
+                t_logits = None
+                if target_logits is not None:
+                    label_pos = blocks.positions[:, first_slot:] - 1  # the target predicts position p from p - 1
+                    t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]
+                terms = loss_fn(logits, labels, mask, target_logits=t_logits, knobs=knobs, num_sequences=1)
+                if not torch.isfinite(terms.num):
+                    raise TrainingError(f"step {step}: the loss is {float(terms.num)} (not finite); stopped without "
+                                        f"saving. Last good checkpoint: {last_good or 'none'}")
+                terms.num.backward()
+            totals += torch.tensor([float(terms.num.detach()), float(terms.den), float(mask.sum())],
+                                   dtype=torch.float64, device=device)
+            if log_now:
+                diagnostics.append(_diagnostics(logits.detach(), labels, mask, knobs))
+        dist_info.all_reduce_sum(totals)
+        den = float(totals[1])
+        if den <= 0:
+            raise TrainingError(f"step {step}: no supervised slots in the batch (denominator 0); the data has "
+                                "too few assistant tokens for this block size")
+        scale = dist_info.world_size / den  # DDP averaged the gradients over ranks: undo, then normalise
+        for param in model.parameters():
+            if param.grad is not None:
+                param.grad.mul_(scale)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        if not torch.isfinite(grad_norm):
+            raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopped without saving. "
+                                f"Last good checkpoint: {last_good or 'none'}")
+        optimizer.step()
+        step_s = time.perf_counter() - started
+        loss = float(totals[0]) / den
+        progress.set_postfix(loss=f"{loss:.3f}", step_s=f"{step_s:.2f}")
+        if log_now:
+            row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "step_s": step_s,
+                   "supervised_slots": int(totals[2]), "slots_per_s": float(totals[2]) / step_s,
+                   **_merge(diagnostics)}
+            with metrics_path.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+        done = step + 1
+        if done % config.save_every == 0 or done == config.max_steps:
+            if dist_info.is_main:
+                last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config)
+            if dist_info.world_size > 1:
+                dist.barrier()
+    progress.close()
+    final = out_dir / "final"
+    if dist_info.is_main and end_step == config.max_steps:
+        from ..checkpoints import save_drafter
+
+        save_drafter(model, final, extra_files={"train_config.json": config.to_dict()})
+    return final if end_step == config.max_steps else (last_good or out_dir)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@torch.no_grad()
+def _diagnostics(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, knobs: LossKnobs) -> dict:
+    """Objective-independent numbers on the same mask: per-position and common-token accuracy,
+    D-PACE weight per position, AUF active-token ratio and support accuracy (Spec-AUF §5)."""
+    stats = chunked_log_probs_of_labels(logits, labels, mask)
+    q = stats.log_q.exp()
+    correct = stats.correct & mask.bool()
+    first_error = acceptance.first_error_index(stats.correct, mask)  # (n,), K if none
+    slots = torch.arange(mask.shape[1], device=mask.device)[None]
+    support = (slots <= first_error[:, None]) & mask.bool()
+    return {
+        "correct": correct.float().sum(0), "valid": mask.sum(0),
+        "dpace_weight": (dpace_weights(q, mask, knobs.alpha) * mask).sum(0),
+        "support": support.float().sum(), "support_correct": (correct & support).float().sum(),
+    }
+
+
+def _merge(parts: list[dict]) -> dict:
+    if not parts:
+        return {}
+    total = {key: sum(p[key] for p in parts) for key in parts[0]}
+    valid = total["valid"].clamp(min=1)
+    return {
+        "accuracy": float(total["correct"].sum() / valid.sum()),
+        "per_position_accuracy": [round(float(x), 4) for x in total["correct"] / valid],
+        "dpace_weight_per_position": [round(float(x), 4) for x in total["dpace_weight"] / valid],
+        "auf_active_ratio": float(total["support"] / valid.sum()),
+        "auf_support_accuracy": float(total["support_correct"] / total["support"].clamp(min=1)),
+    }
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after `step` (a resumed run logs them again)."""
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    keep = [line for line in rows if json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep))
