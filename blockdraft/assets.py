@@ -491,10 +491,19 @@ def disk_bytes(folder: Path) -> int:
 def _cli_list(args: argparse.Namespace) -> int:
     print(f"cache: {home()}")
     for status in list_assets():
-        mark = "ready  " if status.ready else "missing"
-        size = f"{disk_bytes(_final_dir(ASSETS[status.name])) / GiB:5.2f} GiB" if status.ready else " " * 9
-        print(f"{mark} {status.kind:7s} {status.name:28s} {size}  {status.description}  [{status.licence}]")
+        size = _human_bytes(disk_bytes(_final_dir(ASSETS[status.name]))) if status.ready else ""
+        print(f"{'ready' if status.ready else 'missing':7s} {status.kind:7s} {status.name:28s} {size:>9s}  "
+              f"{status.description}  [{status.licence}]")
     return 0
+
+
+def _human_bytes(count: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
 
 
 def _cli_fetch(args: argparse.Namespace) -> int:

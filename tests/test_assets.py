@@ -226,6 +226,33 @@ def test_cli(fake_env, capsys):
     assert args.func(args) == 0 and "ok" in capsys.readouterr().out
 
 
+def test_convert_gguf_gives_a_plain_folder_of_the_same_model(tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    import torch
+    from chat_fixtures import tiny_tokenizer, write_tiny_gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    original = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "hf"
+    out.mkdir()
+    assets.convert_gguf(tmp_path / "tiny.gguf", out)
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = "<|im_start|>user\nw1 w22 w5<|im_end|>\n"
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    assert ids[0].tolist() == tiny_tokenizer().encode(text).ids
+    with torch.no_grad():
+        expected = original(ids).logits
+        converted = model(ids).logits
+    # bf16 storage: close, not equal
+    assert torch.allclose(converted, expected, atol=0.05, rtol=0.05)
+    assert (converted.argmax(-1) == expected.argmax(-1)).float().mean() > 0.8
+    assert "assistant" in tokenizer.apply_chat_template([{"role": "user", "content": "w1"}], tokenize=False,
+                                                        add_generation_prompt=True)
+
+
 @pytest.mark.real_assets
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_real_model_loads(name):

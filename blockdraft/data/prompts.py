@@ -181,24 +181,20 @@ def load_prompts(name: str, *, path: str | Path | None = None, n: int | None = N
     if name == "sharegpt":
         return load_sharegpt(path, n=n)
     spec = PROMPT_SETS[name]
-    if path is None:
+    shipped_file = path is None
+    if shipped_file:
         if spec.asset is None:
             raise PromptError(f"{name} is not shipped in any package: pass path= (a JSONL file or a "
                               f"datasets.save_to_disk folder) with its usual fields")
         from ..assets import path as asset_path
         path = asset_path(spec.asset)
     rows = read_rows(path)
-    if spec.size is not None and len(rows) != spec.size and _is_asset_file(path, spec):
+    if shipped_file and len(rows) != spec.size:
         raise PromptError(f"{path} has {len(rows)} rows, expected {spec.size}; run "
                           f"`blockdraft assets verify {spec.asset}`")
     prompts = [Prompt(id=_row_id(row, spec.id_fields, i), turns=spec.format(row, f"{name} row {i} of {path}"),
                       dataset=name) for i, row in enumerate(rows)]
     return _first(prompts, n, name)
-
-
-def _is_asset_file(path: str | Path, spec: _PromptSet) -> bool:
-    from ..assets import ASSETS
-    return Path(path).name == Path(ASSETS[spec.asset].file).name
 
 
 def _first(prompts: list[Prompt], n: int | None, name: str) -> list[Prompt]:
