@@ -1,0 +1,131 @@
+"""Cached target features: equal to online features, resumable after a kill, refused when mismatched."""
+
+from __future__ import annotations
+
+import json
+from collections import namedtuple
+
+import pytest
+import torch
+
+from blockdraft.data.conversations import TokenizedConversation, token_fingerprint
+from blockdraft.tiny import tiny_target
+from blockdraft.train import features as F
+from blockdraft.train.features import FeatureCache, FeatureCacheError, cache_features
+
+LAYERS = [1, 2]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3")  # 4 layers, hidden 64, float32
+
+
+def sequences(count: int = 5, seed: int = 0) -> list[TokenizedConversation]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        length = 6 + 7 * i
+        ids = torch.randint(1, 200, (length,), generator=generator)
+        out.append(TokenizedConversation(ids, torch.ones(length, dtype=torch.long)))
+    return out
+
+
+def online(target, item: TokenizedConversation) -> torch.Tensor:
+    return target.features(item.input_ids[None], LAYERS).features  # (1, S, F)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cached_features_equal_online_features(target, tmp_path, capsys, dtype):
+    data = sequences()
+    cache = cache_features(target, data, LAYERS, tmp_path, dtype=dtype, progress=False)
+    width = len(LAYERS) * target.hidden_size
+    assert f"{width * dtype.itemsize:,} bytes per token" in capsys.readouterr().out
+    assert len(cache) == len(data) and cache.dtype == dtype and cache.num_features == width
+    for i, item in enumerate(data):
+        cached = cache.features(i)
+        assert cached.shape == (1, len(item), width) and cached.dtype == dtype
+        assert torch.equal(cached, online(target, item).to(dtype))
+        # The cached-mode call and the decoding loop's cached forward see the same hidden states.
+        stepwise = target.forward(item.input_ids[None], 0, target.new_cache(), LAYERS).features
+        torch.testing.assert_close(cached.float(), stepwise.to(dtype).float(), rtol=0, atol=1e-2)
+    # A view of the mapped file, not a copy.
+    assert cache.features(2).data_ptr() == cache.features(2).data_ptr()
+    assert (tmp_path / F.DATA_FILE).stat().st_size == sum(map(len, data)) * width * dtype.itemsize
+
+
+class Interrupted(Exception):
+    pass
+
+
+class KilledAfter:
+    """The target, killed after `calls` forwards; counts the forwards it ran."""
+
+    def __init__(self, target, calls: int | None):
+        self.target, self.calls, self.ran = target, calls, 0
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def features(self, input_ids, layer_ids):
+        if self.calls is not None and self.ran == self.calls:
+            raise Interrupted
+        self.ran += 1
+        return self.target.features(input_ids, layer_ids)
+
+
+def test_interrupted_cache_resumes_where_it_stopped(target, tmp_path):
+    data = sequences()
+    killed = KilledAfter(target, calls=2)
+    with pytest.raises(Interrupted):
+        cache_features(killed, data, LAYERS, tmp_path / "cache", flush_seconds=0.0, progress=False)
+    index = json.loads((tmp_path / "cache" / F.INDEX_FILE).read_text())
+    assert (index["done"], index["complete"]) == (2, False)
+    with pytest.raises(FeatureCacheError, match="unfinished"):
+        FeatureCache(tmp_path / "cache")
+    partial = FeatureCache(tmp_path / "cache", allow_incomplete=True)
+    assert torch.equal(partial.features(1), online(target, data[1]).bfloat16())
+    with pytest.raises(IndexError):
+        partial.features(2)
+
+    resumed = KilledAfter(target, calls=None)
+    cache = cache_features(resumed, data, LAYERS, tmp_path / "cache", progress=False)
+    assert resumed.ran == len(data) - 2
+    fresh = cache_features(target, data, LAYERS, tmp_path / "fresh", progress=False)
+    for i in range(len(data)):
+        assert torch.equal(cache.features(i), fresh.features(i))
+    # A finished cache is not recomputed.
+    again = KilledAfter(target, calls=0)
+    cache_features(again, data, LAYERS, tmp_path / "cache", progress=False)
+    assert again.ran == 0
+
+
+def test_mismatched_cache_is_refused(target, tmp_path):
+    data = sequences()
+    cache_features(target, data, LAYERS, tmp_path, progress=False)
+    before = (tmp_path / F.DATA_FILE).read_bytes()
+    with pytest.raises(FeatureCacheError, match="target layers"):
+        FeatureCache(tmp_path, layer_ids=[0, 2])
+    other = sequences(seed=1)
+    with pytest.raises(FeatureCacheError, match="another data set"):
+        FeatureCache(tmp_path, dataset=other)
+    with pytest.raises(FeatureCacheError, match="layer_ids"):
+        cache_features(target, data, [0, 2], tmp_path, progress=False)
+    with pytest.raises(FeatureCacheError, match="fingerprint"):
+        cache_features(target, other, LAYERS, tmp_path, progress=False)
+    with pytest.raises(FeatureCacheError, match="dtype"):
+        cache_features(target, data, LAYERS, tmp_path, dtype=torch.float32, progress=False)
+    assert (tmp_path / F.DATA_FILE).read_bytes() == before  # nothing overwritten
+    cache = FeatureCache(tmp_path, layer_ids=LAYERS, dataset=data)
+    assert cache.index["fingerprint"] == token_fingerprint(data) and cache.target_name == target.name
+    with pytest.raises(FeatureCacheError, match="no feature cache"):
+        FeatureCache(tmp_path / "missing")
+
+
+def test_too_little_disk_is_refused_before_writing(target, tmp_path, monkeypatch, capsys):
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(F.shutil, "disk_usage", lambda path: Usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(FeatureCacheError, match="not enough free disk"):
+        cache_features(target, sequences(), LAYERS, tmp_path / "cache", progress=False)
+    assert "bytes per token" in capsys.readouterr().out
+    assert not (tmp_path / "cache" / F.DATA_FILE).exists()
