@@ -120,7 +120,7 @@ class Target:
             features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, n, L*H)
         return TargetOutput(logits=out.logits.float(), features=features)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the drafter's backward must be able to save these tensors
     def features(self, input_ids: torch.Tensor, layer_ids: Sequence[int], *,
                  with_logits: bool = False) -> TargetOutput:
         """Whole-sequence features for training: no cache; logits only when asked (they cost S x V)."""

@@ -210,7 +210,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
                     t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]
                 terms = loss_fn(logits, labels, mask, target_logits=t_logits, knobs=knobs, num_sequences=1)
                 if not torch.isfinite(terms.num):
-                    raise TrainingError(f"step {step}: the loss is {float(terms.num)} (not finite); stopped without "
+                    raise TrainingError(f"step {step}: the loss is {float(terms.num.detach())} (not finite); stopped without "
                                         f"saving. Last good checkpoint: {last_good or 'none'}")
                 terms.num.backward()
             totals += torch.tensor([float(terms.num.detach()), float(terms.den), float(mask.sum())],
