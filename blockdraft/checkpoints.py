@@ -127,7 +127,7 @@ def default_mask_token_id(target: Target) -> int:
 
 def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int = 16,
                        target_layer_ids: tuple[int, ...] | None = None, mask_token_id: int | None = None,
-                       intermediate_size: int | None = None) -> DFlashConfig:
+                       intermediate_size: int | None = None, draft_vocab_size: int | None = None) -> DFlashConfig:
     """A fresh drafter config shaped for `target` (SPEC §2 defaults)."""
     cfg = target.config
     heads = cfg.num_attention_heads
@@ -145,12 +145,20 @@ def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int =
         target_layer_ids=target_layer_ids or default_target_layer_ids(target.num_layers, num_layers),
         mask_token_id=default_mask_token_id(target) if mask_token_id is None else mask_token_id,
         rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), max_position_embeddings=target.max_positions,
-        rope_parameters=rope,
+        rope_parameters=rope, draft_vocab_size=draft_vocab_size,
     )
 
 
-def init_drafter(target: Target, *, seed: int = 0, **kwargs) -> DFlashDrafter:
-    """A randomly initialised drafter for `target`, on its device and dtype."""
+def init_drafter(target: Target, *, seed: int = 0, draft_vocab: torch.Tensor | None = None,
+                 **kwargs) -> DFlashDrafter:
+    """A randomly initialised drafter for `target`, on its device and dtype.
+
+    `draft_vocab` (sorted target ids) restricts the drafter to a reduced vocabulary.
+    """
     torch.manual_seed(seed)
+    if draft_vocab is not None:
+        kwargs["draft_vocab_size"] = int(draft_vocab.numel())
     model = DFlashDraftModel(new_drafter_config(target, **kwargs))
+    if draft_vocab is not None:
+        model.vocab_map.d2t.copy_(draft_vocab)
     return DFlashDrafter(model.to(device=target.device, dtype=target.dtype).eval(), target)

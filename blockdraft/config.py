@@ -61,6 +61,7 @@ class DFlashConfig:
     rope_parameters: Mapping[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 1e6})
     attention_bias: bool = False
     layout: str = "dflash"  # "dspark": the anchor slot also predicts (SPEC §1)
+    draft_vocab_size: int | None = None  # reduced draft vocabulary (EAGLE-3 style); None = the full vocabulary
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,8 @@ class DFlashConfig:
         validate_layer_ids(self.target_layer_ids, self.num_target_layers)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ConfigError(f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size}")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
@@ -114,6 +117,8 @@ class DFlashConfig:
         })
         if self.layout != "dflash":
             out["blockdraft_layout"] = self.layout
+        if self.draft_vocab_size is not None:
+            out["draft_vocab_size"] = self.draft_vocab_size
         return out
 
     @classmethod
@@ -152,6 +157,7 @@ class DFlashConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 32768),
             rope_parameters=rope, attention_bias=raw.get("attention_bias", False),
             layout=raw.get("blockdraft_layout", "dflash"),
+            draft_vocab_size=raw.get("draft_vocab_size"),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

@@ -79,7 +79,8 @@ def target():
     return make_target()
 
 
-@pytest.mark.parametrize("case", ["small_ar", "dflash", "small_ar_topk_topp", "dflash_argmax_drafting"])
+@pytest.mark.parametrize("case", ["small_ar", "dflash", "small_ar_topk_topp", "dflash_argmax_drafting",
+                                  "dflash_reduced_vocab"])
 def test_speculative_sampling_matches_target_distribution(target, case):
     sampling = SamplingConfig(temperature=1.0)
     if case == "small_ar_topk_topp":
@@ -88,6 +89,8 @@ def test_speculative_sampling_matches_target_distribution(target, case):
         sampling = SamplingConfig(temperature=1.0, draft_argmax=True)
     if case.startswith("small_ar"):
         drafter = SmallARDrafter(make_target(seed=3), target, num_proposals=2)
+    elif case == "dflash_reduced_vocab":  # q is zero on 3 of the 8 tokens
+        drafter = init_drafter(target, num_layers=1, block_size=3, draft_vocab=torch.tensor([0, 2, 3, 5, 6]))
     else:
         drafter = init_drafter(target, num_layers=1, block_size=3)
     joint = exact_joint(target, sampling)

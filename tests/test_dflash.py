@@ -181,3 +181,26 @@ def test_new_drafter_config_matches_target():
     assert cfg.hidden_size == 64 and cfg.vocab_size == 256 and cfg.num_target_layers == 6
     model = DFlashDraftModel(cfg)
     assert model.fc.weight.shape == (64, 3 * 64)
+
+
+def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
+    import blockdraft
+    from blockdraft.config import SamplingConfig
+
+    target = tiny_target("qwen3")
+    vocab = torch.arange(0, 256, 3)  # every third token
+    drafter = init_drafter(target, num_layers=1, block_size=6, draft_vocab=vocab)
+    save_drafter(drafter.model, tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["draft_vocab_size"] == vocab.numel()
+    loaded = load_drafter(tmp_path / "d", target)
+    assert torch.equal(loaded.model.vocab_map.d2t, vocab)
+    ids = torch.randint(1, 200, (1, 12))
+    loaded.reset(ids[:, :-1], target.forward(ids[:, :-1], 0, target.new_cache(), loaded.target_layer_ids).features)
+    proposal = loaded.propose(ids, 5, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    assert proposal.q_draft.shape == (5, 256)
+    outside = torch.ones(256, dtype=torch.bool)
+    outside[vocab] = False
+    assert (proposal.q_draft[:, outside] == 0).all() and torch.isin(proposal.tokens, vocab).all()
+    for prompt in (ids, torch.randint(1, 200, (1, 7))):
+        plain = blockdraft.generate(target, None, prompt, max_new_tokens=40, stop_token_ids=())
+        assert blockdraft.generate(target, loaded, prompt, max_new_tokens=40, stop_token_ids=()).tokens == plain.tokens

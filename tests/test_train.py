@@ -171,3 +171,12 @@ def test_cached_features_train_like_online(setup, tmp_path, capsys):
         torch.testing.assert_close(weights(cached)[key], tensor, rtol=0.05, atol=2e-3)
     with pytest.raises(ConfigError, match="logits"):
         train(make_config(setup, tmp_path / "dpakl", objective="dpakl", features="cached"))
+
+
+def test_reduced_draft_vocabulary_training(setup, tmp_path, capsys):
+    final = train(make_config(setup, tmp_path / "rv", max_steps=3, draft_vocab_size=40))
+    assert "draft vocabulary: 40 of" in capsys.readouterr().out
+    saved = weights(final)
+    assert saved["vocab_map.d2t"].shape == (40,)
+    assert json.loads((final / "config.json").read_text())["draft_vocab_size"] == 40
+    train(make_config(setup, tmp_path / "rv_dpakl", max_steps=2, draft_vocab_size=40, objective="dpakl"))

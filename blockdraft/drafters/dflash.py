@@ -129,6 +129,24 @@ class DFlashLayer(nn.Module):
         return block + self.mlp(self.post_attention_layernorm(block))
 
 
+class VocabMap(nn.Module):
+    """Reduced draft vocabulary: draft id i scores target token `d2t[i]` (EAGLE-3 style).
+
+    The drafter's distribution is zero outside these ids, which keeps verification lossless.
+    Saved as `vocab_map.d2t` beside the released keys.
+    """
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.register_buffer("d2t", torch.arange(size, dtype=torch.long))
+
+    def target_to_draft(self, vocab_size: int) -> torch.Tensor:
+        """(V,) draft id of each target token, -1 where the draft vocabulary lacks it."""
+        t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
+        t2d[self.d2t] = torch.arange(self.d2t.numel(), device=self.d2t.device)
+        return t2d
+
+
 class DFlashDraftModel(nn.Module):
     """The drafter's own weights: fusion (`fc`, `hidden_norm`), layers and final `norm`.
 
@@ -147,6 +165,7 @@ class DFlashDraftModel(nn.Module):
                                   head_dim=config.head_dim, max_position_embeddings=config.max_position_embeddings,
                                   rope_parameters=dict(config.rope_parameters))
         self.rotary_emb = Qwen3RotaryEmbedding(rope_config)
+        self.vocab_map = VocabMap(config.draft_vocab_size) if config.draft_vocab_size else None
         self.apply(self._init_weights)
 
     @staticmethod
@@ -191,6 +210,7 @@ class DFlashDrafter:
         self.first_predicting_slot = 1 if config.layout == "dflash" else 0
         self.cache: ContextCache | None = None
         self.pending: torch.Tensor | None = None  # (1, m, F) target features not yet in the cache
+        self.head = DraftHead(target, model.vocab_map)
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         self.cache = ContextCache(self.config.num_hidden_layers)
@@ -214,18 +234,58 @@ class DFlashDrafter:
         hidden = self.model(self.target.embed_tokens(block_ids), pending, block_positions, context_positions,
                             cache=self.cache)
         self.pending = None
-        return self.target.logits_from_hidden(hidden[0, self.first_predicting_slot:])  # (k, V)
+        return self.head(hidden[0, self.first_predicting_slot:])  # (k, V_draft)
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         logits = self.block_logits(ids, min(num_proposals, self.max_proposals))
         tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
-        return Proposal(tokens=tokens, q_draft=q_draft)
+        return Proposal(tokens=self.head.to_target_ids(tokens), q_draft=self.head.to_target_probs(q_draft))
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         if features is None:
             raise RuntimeError("a DFlash drafter needs target features for every committed position")
         self.pending = features if self.pending is None else torch.cat([self.pending, features], dim=1)
+
+
+class DraftHead:
+    """The target's frozen LM head, restricted to the draft vocabulary when there is one."""
+
+    def __init__(self, target: Target, vocab_map: VocabMap | None):
+        self.target = target
+        self.vocab_map = vocab_map
+        self.vocab_size = target.vocab_size
+        self.weight = None
+        if vocab_map is not None:
+            self.weight = target.lm_head.weight[vocab_map.d2t.to(target.lm_head.weight.device)].detach()  # (Vd, H)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., V_draft) logits; V_draft = V without a vocabulary map."""
+        if self.weight is None:
+            return self.target.logits_from_hidden(hidden)
+        logits = F.linear(hidden, self.weight.to(hidden.dtype))
+        if self.target.softcap:
+            logits = torch.tanh(logits / self.target.softcap) * self.target.softcap
+        return logits
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.vocab_map is None else self.vocab_map.d2t[draft_ids]
+
+    def to_target_probs(self, q_draft: torch.Tensor | None) -> torch.Tensor | None:
+        """(k, V_draft) -> (k, V): zero probability outside the draft vocabulary."""
+        if q_draft is None or self.vocab_map is None:
+            return q_draft
+        full = q_draft.new_zeros(q_draft.shape[0], self.vocab_size)
+        return full.index_copy_(1, self.vocab_map.d2t, q_draft)
+
+    def to_draft_labels(self, labels: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Target-id labels -> draft ids; labels outside the draft vocabulary are masked out."""
+        if self.vocab_map is None:
+            return labels, mask
+        t2d = self.vocab_map.target_to_draft(self.vocab_size)
+        mapped = t2d[labels]
+        inside = mapped >= 0
+        return mapped.clamp(min=0), mask * inside.to(mask.dtype)
 
 
 def check_compatible(config: DFlashConfig, target: Target) -> None:

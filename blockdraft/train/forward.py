@@ -25,7 +25,8 @@ def block_hidden(model: nn.Module, target: Target, features: torch.Tensor, block
 
 
 def block_logits(model: nn.Module, target: Target, features: torch.Tensor, blocks: Blocks,
-                 first_predicting_slot: int = 1) -> torch.Tensor:
-    """Draft logits (n, B - first_predicting_slot, V) through the target's frozen LM head."""
+                 first_predicting_slot: int = 1, head=None) -> torch.Tensor:
+    """Draft logits (n, B - first_predicting_slot, V_draft) through the target's frozen LM head
+    (restricted to the draft vocabulary when `head` is a `DraftHead` with a map)."""
     hidden = block_hidden(model, target, features, blocks)[:, first_predicting_slot:]
-    return target.logits_from_hidden(hidden)
+    return head(hidden) if head is not None else target.logits_from_hidden(hidden)

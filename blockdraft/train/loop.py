@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .. import acceptance
-from ..checkpoints import init_drafter, load_drafter, load_drafter_model
-from ..config import ConfigError
+from ..checkpoints import init_drafter, load_drafter_model
+from ..config import ConfigError, default_target_layer_ids
 from ..drafters.dflash import DFlashDrafter
 from ..losses import LossKnobs, chunked_log_probs_of_labels, dpace_weights, get_loss
 from ..target import Target, load_target
@@ -32,6 +32,7 @@ from .blocks import build_blocks, sample_anchors
 from .checkpoint import TrainingError, latest_checkpoint, load_train_state, save_checkpoint
 from .config import TrainConfig
 from .forward import block_logits
+from .vocab import coverage, draft_vocabulary
 
 NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl"}
 
@@ -149,16 +150,27 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         # Master weights stay float32: loading at the target's bf16 would make a resume diverge.
         drafter = DFlashDrafter(load_drafter_model(previous, dtype=torch.float32, device=device), target)
     elif config.drafter_init:
-        drafter = load_drafter(config.drafter_init, target)
+        drafter = DFlashDrafter(load_drafter_model(config.drafter_init, dtype=torch.float32, device=device), target)
     else:
+        drafter = None  # built below, once the data (and so the draft vocabulary) is known
+    layer_ids = drafter.target_layer_ids if drafter is not None else (
+        config.target_layer_ids or default_target_layer_ids(target.num_layers, config.num_layers))
+    data = TrainingData(config, target, tuple(layer_ids), dist_info)
+    if drafter is None:
+        draft_vocab = None
+        if config.draft_vocab_size:
+            eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
+            draft_vocab = draft_vocabulary(data.dataset, config.draft_vocab_size, target.vocab_size, always=eos)
+            if dist_info.is_main:
+                print(f"draft vocabulary: {config.draft_vocab_size} of {target.vocab_size} tokens covers "
+                      f"{coverage(data.dataset, draft_vocab):.1%} of the supervised tokens", flush=True)
         drafter = init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
-                               target_layer_ids=config.target_layer_ids, seed=config.seed)
+                               target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab)
     if drafter.config.block_size != config.block_size:
         raise ConfigError(f"block_size {config.block_size} does not match the drafter's {drafter.config.block_size}; "
                           f"set block_size={drafter.config.block_size}")
     model = drafter.model.float().train()
     wrapped = DistributedDataParallel(model) if dist_info.world_size > 1 else model
-    data = TrainingData(config, target, drafter.target_layer_ids, dist_info)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -198,16 +210,18 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             if anchors.numel() == 0:
                 continue
             blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, drafter.config.mask_token_id)
-            labels, mask = blocks.labels, blocks.label_mask
+            labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
             sync = micro == len(mine) - 1 or dist_info.world_size == 1
             context = wrapped.no_sync() if (not sync and dist_info.world_size > 1) else _null()
             with context:
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
-                    logits = block_logits(wrapped, target, features, blocks, first_slot)  # (n, K, V)
+                    logits = block_logits(wrapped, target, features, blocks, first_slot, drafter.head)  # (n, K, V_draft)
                 t_logits = None
                 if target_logits is not None:
                     label_pos = blocks.positions[:, first_slot:] - 1  # the target predicts position p from p - 1
                     t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]
+                    if drafter.head.vocab_map is not None:
+                        t_logits = t_logits[..., drafter.head.vocab_map.d2t]
                 terms = loss_fn(logits, labels, mask, target_logits=t_logits, knobs=knobs, num_sequences=1)
                 if not torch.isfinite(terms.num):
                     raise TrainingError(f"step {step}: the loss is {float(terms.num.detach())} (not finite); stopped without "
