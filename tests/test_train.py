@@ -180,3 +180,13 @@ def test_reduced_draft_vocabulary_training(setup, tmp_path, capsys):
     assert saved["vocab_map.d2t"].shape == (40,)
     assert json.loads((final / "config.json").read_text())["draft_vocab_size"] == 40
     train(make_config(setup, tmp_path / "rv_dpakl", max_steps=2, draft_vocab_size=40, objective="dpakl"))
+
+
+def test_shipped_recipes_are_valid_configs():
+    from pathlib import Path
+
+    recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.json"))
+    assert recipes
+    for recipe in recipes:
+        config = TrainConfig.load(recipe)
+        assert config.block_size >= 2 and config.objective in losses.LOSSES
