@@ -254,15 +254,36 @@ def test_convert_gguf_gives_a_plain_folder_of_the_same_model(tmp_path):
 
 
 @pytest.mark.real_assets
-@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
-def test_real_model_loads(name):
+@pytest.mark.parametrize("name, model_type, vocab_size", [("qwen2.5-coder-0.5b-instruct", "qwen2", 151_936),
+                                                          ("qwen2.5-coder-1.5b-instruct", "qwen2", 151_936),
+                                                          ("gemma-3-270m", "gemma3_text", 262_144)])
+def test_real_model_loads(name, model_type, vocab_size):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = assets.path(name)
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    assert model.config.model_type == "qwen2" and model.config.vocab_size == 151_936
+    assert model.config.model_type == model_type and model.config.vocab_size == vocab_size
     assert getattr(model.config, "quantization_config", None) is None
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True).endswith("<|im_start|>assistant\n")
+    if model_type == "qwen2":
+        assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                             add_generation_prompt=True).endswith("<|im_start|>assistant\n")
     assert assets.verify([name])[0][1]
+
+
+def test_a_second_fetch_waits_for_the_first(fake_env):
+    import subprocess
+    import sys
+    import time
+
+    lock = fake_env.home / "locks" / "tiny-model.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('locked', flush=True); time.sleep(1.5)"), str(lock)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    started = time.time()
+    assets.fetch("tiny-model")
+    assert time.time() - started > 0.5  # it waited for the holder to exit
+    holder.wait()
+    assert assets.path("tiny-model").is_dir()

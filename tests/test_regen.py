@@ -97,7 +97,8 @@ def test_sampling_and_cli(tiny_folder, tmp_path, capsys):
 
 @pytest.mark.real_assets
 def test_real_regen_small(tmp_path):
-    stats = R.regen("qwen2.5-coder-0.5b-instruct", [Prompt("q", ("Write a Python hello world.",), "test")], 1,
-                    tmp_path / "r.jsonl", max_new_tokens=24, progress=False)
+    prompt = Prompt("q", ("Write a Python function that reverses a string.",), "test")
+    stats = R.regen("qwen2.5-coder-0.5b-instruct", [prompt], 1, tmp_path / "r.jsonl", max_new_tokens=48,
+                    progress=False)
     [row] = rows(tmp_path / "r.jsonl")
-    assert stats.written == 1 and "print" in row["conversations"][1]["content"]
+    assert stats.written == 1 and "def " in row["conversations"][1]["content"]
