@@ -198,13 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .assets import AssetError
+    from .data.prompts import PromptError
     from .train.checkpoint import TrainingError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, AssetError, TrainingError) as err:
+    except (ConfigError, AssetError, TrainingError, PromptError) as err:
         print(f"blockdraft {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

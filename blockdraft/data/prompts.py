@@ -249,7 +249,16 @@ def _opening_user_turn(conversation: list) -> str | None:
     return _first_user_turn(messages)
 
 
-def load_sharegpt(path: str | Path | None = None, *, n: int | None = None) -> list[Prompt]:
+CODE_HINTS = re.compile(r"```|\bdef |\bpython\b|\bjavascript\b|\btypescript\b|\bjava\b|\bc\+\+|\bsql\b|"
+                        r"\bcode\b|\bfunction\b|\bregex\b|\bbash\b|\bhtml\b|\bcss\b|\bapi\b", re.IGNORECASE)
+
+
+def looks_like_code_request(text: str) -> bool:
+    """A cheap filter for programming prompts (the `sharegpt-code` training source)."""
+    return bool(CODE_HINTS.search(text))
+
+
+def load_sharegpt(path: str | Path | None = None, *, n: int | None = None, code_only: bool = False) -> list[Prompt]:
     """Opening user turn of every complete ShareGPT record (the shipped file is truncated), deduplicated
     by id and by text. Of the shipped file's 17,671 complete records about 11k open with the user."""
     if path is None:
@@ -263,6 +272,8 @@ def load_sharegpt(path: str | Path | None = None, *, n: int | None = None) -> li
         record_id = str(record.get("id", index))
         turn = _opening_user_turn(record.get("conversations") or [])
         if turn is None or record_id in seen_ids or turn.strip() in seen_texts:
+            continue
+        if code_only and not looks_like_code_request(turn):
             continue
         seen_ids.add(record_id)
         seen_texts.add(turn.strip())

@@ -190,7 +190,10 @@ def training_prompts(source: str) -> list[Prompt]:
     from ..assets import AssetError
     from .prompts import SHIPPED, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
-    prompts = load_sharegpt() if source == "sharegpt" else load_prompt_file(source)
+    if source in ("sharegpt", "sharegpt-code"):
+        prompts = load_sharegpt(code_only=source == "sharegpt-code")
+    else:
+        prompts = load_prompt_file(source)
     eval_sets, missing = [], []
     for name in SHIPPED:
         try:
@@ -221,7 +224,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     parser = subparsers.add_parser("regen", help="answer training prompts with the target itself (resumable JSONL)")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="model folder or asset name")
-    parser.add_argument("--prompts", default="sharegpt", help="'sharegpt' or a JSONL file of prompts")
+    parser.add_argument("--prompts", default="sharegpt", help="'sharegpt', 'sharegpt-code' (programming prompts only) or a JSONL file of prompts")
     parser.add_argument("--n", type=int, required=True, help="number of conversations in the output file")
     parser.add_argument("--out", required=True, help="JSONL file to append to (resumed if it exists)")
     parser.add_argument("--max-new-tokens", type=int, default=512)
