@@ -190,3 +190,19 @@ def test_shipped_recipes_are_valid_configs():
     for recipe in recipes:
         config = TrainConfig.load(recipe)
         assert config.block_size >= 2 and config.objective in losses.LOSSES
+
+
+def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
+    config = make_config(setup, tmp_path / "eval", max_steps=4, heldout=3, eval_every=2)
+    train(config)
+    rows = [json.loads(l) for l in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert 1.0 <= evals[-1]["eval"]["expected_tau"] <= 4.0
+    assert len(evals[-1]["eval"]["per_position_accuracy"]) == 3
+    from blockdraft.train.loop import TrainingData, Distributed
+    from blockdraft.target import load_target
+    data = TrainingData(config, load_target(config.target, dtype="fp32"), (1,), Distributed())
+    assert not set(data.heldout) & set(data.train_ids) and len(data.heldout) == 3
+    with pytest.raises(ConfigError, match="heldout"):
+        train(make_config(setup, tmp_path / "all", heldout=100))

@@ -52,6 +52,10 @@ class TrainConfig:
     autocast_bf16: bool = True
     device: str | None = None
     threads: int | None = None
+    # held-out evaluation: the last `heldout` conversations of a seeded shuffle never train
+    heldout: int = 0
+    eval_every: int = 100
+    eval_anchors: int = 64
     # bookkeeping
     save_every: int = 100
     log_every: int = 10
@@ -67,7 +71,7 @@ class TrainConfig:
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         positive = ("max_length", "num_layers", "max_steps", "grad_accum", "sequences_per_step", "num_anchors",
-                    "save_every", "log_every", "keep_checkpoints")
+                    "save_every", "log_every", "keep_checkpoints", "eval_every", "eval_anchors")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -119,7 +123,8 @@ class TrainConfig:
 
     def resume_key(self) -> dict[str, Any]:
         """Fields that must match for a resume: everything but bookkeeping and the step budget."""
-        free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads"}
+        free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
+                "eval_anchors"}
         return {k: v for k, v in self.to_dict().items() if k not in free}
 
 

@@ -108,8 +108,16 @@ class TrainingData:
                 dist.barrier()
             self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset)
 
+        # A seeded split: the held-out conversations never appear in a training batch.
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(config.seed + 7919))
+        if config.heldout >= len(self.dataset):
+            raise ConfigError(f"heldout={config.heldout} leaves no training data ({len(self.dataset)} conversations)")
+        self.heldout = sorted(order[len(order) - config.heldout:].tolist()) if config.heldout else []
+        held = set(self.heldout)
+        self.train_ids = [i for i in range(len(self.dataset)) if i not in held]
+
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.train_ids)
 
     def get(self, index: int):
         item = self.dataset[index]
@@ -198,7 +206,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        indices = sequence_indices(step, config, dist_info.world_size, len(data))
+        indices = [data.train_ids[i] for i in sequence_indices(step, config, dist_info.world_size, len(data))]
         mine = indices[dist_info.rank * config.grad_accum:(dist_info.rank + 1) * config.grad_accum]
         totals = torch.zeros(3, dtype=torch.float64, device=device)  # num, den, supervised slots
         log_now = dist_info.is_main and (step % config.log_every == 0 or step == end_step - 1)
@@ -255,6 +263,10 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             with metrics_path.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
         done = step + 1
+        if data.heldout and dist_info.is_main and (done % config.eval_every == 0 or done == config.max_steps):
+            row = {"step": done, "eval": evaluate_heldout(model, drafter, data, config)}
+            with metrics_path.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
         if done % config.save_every == 0 or done == config.max_steps:
             if dist_info.is_main:
                 last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config)
@@ -267,6 +279,42 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
 
         save_drafter(model, final, extra_files={"train_config.json": config.to_dict()})
     return final if end_step == config.max_steps else (last_good or out_dir)
+
+
+@torch.no_grad()
+def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig) -> dict:
+    """Per-slot greedy accuracy and the expected accepted length on held-out conversations.
+
+    Anchors are fixed by the seed, so every evaluation scores the same blocks. `expected_tau` is
+    1 + E[accepted prefix] under argmax drafting with teacher-forced context: the tau a greedy
+    verifier would see on these blocks.
+    """
+    model.eval()
+    device = drafter.target.device
+    parts, accepted, blocks_seen = [], 0.0, 0
+    for index in data.heldout:
+        input_ids, loss_mask, features, _ = data.get(index)
+        generator = torch.Generator().manual_seed(config.seed + index)
+        anchors = sample_anchors(loss_mask.cpu(), config.eval_anchors, generator).to(device)
+        if anchors.numel() == 0:
+            continue
+        blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, drafter.config.mask_token_id)
+        labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+            logits = block_logits(model, drafter.target, features, blocks, drafter.first_predicting_slot,
+                                  drafter.head)
+        parts.append(_diagnostics(logits, labels, mask, config.loss_knobs()))
+        # Count only blocks whose every label is inside the sequence and supervised; there, a label
+        # outside the draft vocabulary is an error like any other.
+        full = blocks.label_mask.bool().all(dim=1)
+        correct = (logits.argmax(-1) == labels) & mask.bool()
+        accepted += float(acceptance.first_error_index(correct)[full].sum())
+        blocks_seen += int(full.sum())
+    model.train()
+    merged = _merge(parts)
+    merged["expected_tau"] = 1.0 + accepted / max(1, blocks_seen)
+    merged["blocks"] = blocks_seen
+    return merged
 
 
 class _null:
