@@ -206,3 +206,17 @@ def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
     assert not set(data.heldout) & set(data.train_ids) and len(data.heldout) == 3
     with pytest.raises(ConfigError, match="heldout"):
         train(make_config(setup, tmp_path / "all", heldout=100))
+
+
+def test_bench_train_reports_ratios_and_throughput(setup, capsys):
+    from blockdraft.cli import main
+
+    root, model = setup
+    assert main(["bench-train", "--target", str(model), "--data", str(root / "data.jsonl"), "--block-size", "4",
+                 "--num-anchors", "8", "--seq-len", "128", "--repeats", "2", "--dtype", "fp32", "--threads", "1",
+                 "--objectives", "decay", "dpace", "auf"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["relative_to_decay"]) == {"decay", "dpace", "auf"}
+    assert report["relative_to_decay"]["decay"] == 1.0
+    assert report["slots_per_s_online"] < report["slots_per_s_cached"]
+    assert report["peak_rss_gib"] > 0
