@@ -25,7 +25,7 @@ from .target import Target, load_target  # noqa: E402
 def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor | Sequence[int], *,
              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Iterable[int] | None = None, seed: int | None = 0, draft_argmax: bool = False,
-             num_proposals: int | None = None) -> GenerationResult:
+             num_proposals: int | None = None, record_q: bool = False) -> GenerationResult:
     """Generate with `target`, speculatively when `drafter` is given; the output is lossless.
 
     `stop_token_ids=None` stops at the target's EOS tokens; pass `()` to never stop early.
@@ -37,7 +37,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
         prompt_ids = prompt_ids[None]
     stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
     return speculative_generate(target, drafter, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                                stop_token_ids=stops, seed=seed, num_proposals=num_proposals)
+                                stop_token_ids=stops, seed=seed, num_proposals=num_proposals, record_q=record_q)
 
 
 __all__ = ["ConfigError", "DFlashConfig", "Drafter", "GenerationResult", "NoDrafter", "Proposal", "RoundRecord",

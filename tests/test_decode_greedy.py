@@ -136,3 +136,15 @@ def test_bad_requests_get_clear_errors(targets):
         blockdraft.generate(target, None, [1, 999])
     with pytest.raises(ConfigError, match="vocabulary"):
         SmallARDrafter(tiny_target("qwen3", vocab_size=300), target)
+
+
+def test_record_q_gives_the_drafters_probability_of_each_proposal(targets, trained):
+    target, drafter = targets["qwen3"], trained["qwen3"]
+    result = blockdraft.generate(target, drafter, prompts(1)[0], max_new_tokens=30, stop_token_ids=(), record_q=True)
+    for record in result.rounds:
+        if record.proposed == 0:  # the budget's last round proposes nothing
+            continue
+        assert record.q_proposed is not None and len(record.q_proposed) == record.proposed
+        assert all(0 < q <= 1 for q in record.q_proposed)
+    assert blockdraft.generate(target, drafter, prompts(1)[0], max_new_tokens=30,
+                               stop_token_ids=()).rounds[0].q_proposed is None

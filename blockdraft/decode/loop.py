@@ -29,6 +29,7 @@ class RoundRecord:
     draft_s: float  # drafter time (propose)
     verify_s: float  # target verify forward time
     round_s: float  # whole round, bookkeeping included
+    q_proposed: list[float] | None = None  # drafter probability of each proposal (when record_q is on)
 
 
 @dataclass
@@ -77,10 +78,12 @@ def _check_request(target: Target, prompt_ids: torch.Tensor, max_new_tokens: int
 def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor, *,
                          max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                          stop_token_ids: Iterable[int] = (), seed: int | None = 0,
-                         num_proposals: int | None = None) -> GenerationResult:
+                         num_proposals: int | None = None, record_q: bool = False) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after prompt_ids (1, n); lossless for any drafter.
 
     `num_proposals` caps the tokens proposed per round (default: the drafter's maximum).
+    `record_q` stores the drafter's probability of each proposal in the round records (for the
+    surrogate check of SPEC §6; it costs one softmax over the proposals).
     """
     drafter = drafter if drafter is not None else NoDrafter()
     proposals = drafter.max_proposals if num_proposals is None else min(num_proposals, drafter.max_proposals)
@@ -148,9 +151,14 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
             features = out.features[:, :count] if out.features is not None else None
             drafter.commit(length, features)
         _synchronize(device)
+        round_s = time.perf_counter() - t_round
+        q_proposed = None
+        if record_q and proposal is not None:
+            probs = proposal.token_probs()
+            q_proposed = probs.tolist() if probs is not None else None
         result.rounds.append(RoundRecord(proposed=int(draft_tokens.shape[0]), accepted=accepted, emitted=count,
                                          draft_s=t_verify - t_round, verify_s=t_verified - t_verify,
-                                         round_s=time.perf_counter() - t_round))
+                                         round_s=round_s, q_proposed=q_proposed))
         if finished:
             break
     result.decode_s = time.perf_counter() - t_decode

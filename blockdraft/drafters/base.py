@@ -19,6 +19,18 @@ from ..config import SamplingConfig
 class Proposal:
     tokens: torch.Tensor  # (k,) proposed token ids for positions L..L+k-1, k may be 0
     q_draft: torch.Tensor | None = None  # (k, V) float32 distributions they were drawn from; None = one-hot
+    logits: torch.Tensor | None = None  # (k, V_draft) raw draft logits, when the drafter has them
+
+    def token_probs(self) -> torch.Tensor | None:
+        """(k,) the drafter's probability of each proposed token (the q_k of the surrogate S~).
+
+        From `q_draft` when sampling; from the logits' softmax maximum when the tokens were argmax picks.
+        """
+        if self.q_draft is not None:
+            return self.q_draft.gather(-1, self.tokens[:, None]).squeeze(-1)
+        if self.logits is not None:
+            return torch.softmax(self.logits.float(), dim=-1).amax(-1)
+        return None
 
 
 @runtime_checkable

@@ -240,7 +240,8 @@ class DFlashDrafter:
                 generator: torch.Generator | None) -> Proposal:
         logits = self.block_logits(ids, min(num_proposals, self.max_proposals))
         tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
-        return Proposal(tokens=self.head.to_target_ids(tokens), q_draft=self.head.to_target_probs(q_draft))
+        return Proposal(tokens=self.head.to_target_ids(tokens), q_draft=self.head.to_target_probs(q_draft),
+                        logits=logits)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         if features is None:

@@ -37,17 +37,18 @@ class SmallARDrafter:
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         pending = ids[:, self.cached:]  # committed tokens the draft has not seen, ending with the anchor
-        tokens, dists = [], []
+        tokens, dists, logits = [], [], []
         for _ in range(min(num_proposals, self.max_proposals)):
             out = self.model.forward(pending, self.cached, self.cache, logits_to_keep=1)
             self.cached += pending.shape[1]
             token, probs = choose(out.logits[0, -1], sampling, generator, argmax=sampling.draft_argmax)
+            logits.append(out.logits[0, -1])
             tokens.append(token)
             dists.append(probs)
             pending = token.view(1, 1)
         proposal = torch.stack(tokens) if tokens else ids.new_empty(0)
         q_draft = torch.stack(dists) if dists and dists[0] is not None else None
-        return Proposal(tokens=proposal, q_draft=q_draft)
+        return Proposal(tokens=proposal, q_draft=q_draft, logits=torch.stack(logits) if logits else None)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         # Valid draft cache: the committed tokens up to the new anchor (exclusive).
