@@ -1,0 +1,409 @@
+"""`blockdraft bench` and `blockdraft report`: measure decoding methods side by side, then report.
+
+    blockdraft bench --target NAME|DIR --method dflash:DIR small-ar hf-assisted hf-prompt-lookup
+        --dataset humaneval mt-bench mbpp=/data/mbpp.jsonl --n 20 --max-new-tokens 256 --out runs/x
+    blockdraft report runs/x/results.json
+
+Datasets: a shipped set by name (`humaneval`, `mt-bench`, `gsm8k`, after `blockdraft assets fetch`),
+or `NAME=PATH` for a local JSONL/JSON/`save_to_disk` file read in NAME's row format (`mbpp`,
+`math500`, `aime25`, `livecodebench`, `alpaca`, or a shipped set's format). Prompts are rendered
+with the target's chat template, thinking disabled (`enable_thinking=False`).
+
+Every prompt runs every method in turn (interleaved, so machine noise hits all alike; the order
+rotates by one method per prompt) after one warm-up generation per method. A multi-turn prompt
+(MT-Bench) feeds each method's own answer back before the next turn; every turn is one record.
+
+`results.json` holds the config, the environment and the raw record of every (dataset, prompt,
+turn, method, block size); it is rewritten atomically after each prompt, so re-running the same
+command resumes where it stopped. A folder holding results of another configuration is refused
+unless `--overwrite`; `--n` is not part of the configuration, so a larger `--n` extends an earlier
+run. `report.md` and the plots are derived from `results.json` alone (`blockdraft.eval.report`).
+
+results.json (schema "blockdraft-bench/1"):
+    config       BenchConfig fields (the latest session's n)
+    environment  versions, CPU model, threads, device, dtype, target shape (first session)
+    sessions     [{started_at, environment, prompts_measured}], one per invocation that measured
+    methods      method id -> description (kind, draft model, drafter config)
+    records      [{dataset, prompt_id, turn, method, block_size (null: ar and HF peers),
+                   prompt_sha256, started_at, tokens, prompt_length, prefill_s, decode_s,
+                   stop_reason, rounds, target_calls, generate_s}]
+        rounds: our loop only (else null), one list per field, one entry per verify round:
+                proposed, accepted, emitted, draft_s, verify_s, round_s, q_proposed (list or
+                null per round), draft_tokens (runs with a drafter: the drafted ids per round)
+        target_calls, generate_s: HF peers only (else null)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..config import ConfigError, SamplingConfig
+from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
+from ..target import load_target
+from .methods import build_runners, parse_method
+
+SCHEMA = "blockdraft-bench/1"
+RESULTS = "results.json"
+WARMUP_TOKENS = 16
+
+
+def parse_dataset(text: str) -> tuple[str, str | None]:
+    """`NAME` or `NAME=PATH` -> (canonical name, absolute path or None)."""
+    name, sep, path = text.partition("=")
+    try:
+        name = canonical_name(name.strip())
+    except PromptError as err:
+        raise ConfigError(f"{err} (a local file is passed as NAME=PATH, NAME giving its row format)") from None
+    if sep and not path.strip():
+        raise ConfigError(f"--dataset {text!r}: give the file after '=' (NAME=PATH)")
+    return name, str(Path(path.strip()).expanduser().resolve()) if sep else None
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `blockdraft bench` measures; every field is a CLI flag and is written into results.json."""
+
+    target: str
+    methods: tuple[str, ...]
+    datasets: tuple[str, ...]
+    n: int | None = None  # first n prompts of each dataset (None: all); not part of the run's identity
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    block_sizes: tuple[int, ...] | None = None  # B = K + 1 for small-ar/dflash; None: each drafter's own
+    dtype: str = "bf16"
+    threads: int | None = None  # torch CPU threads (None: torch's default, recorded as measured)
+    device: str | None = None  # None: cuda when available, else cpu
+    seed: int = 0
+    record_q: bool = True  # store the drafter's q of each proposal (surrogate check; one softmax per round)
+
+    def __post_init__(self) -> None:
+        methods = [parse_method(m).name for m in self.methods]
+        if not methods:
+            raise ConfigError("give at least one --method")
+        if "ar" not in methods:  # the speedup and agreement baseline always runs, first
+            methods.insert(0, "ar")
+        if len(set(methods)) != len(methods):
+            raise ConfigError(f"a method is listed twice: {methods}")
+        object.__setattr__(self, "methods", tuple(methods))
+        datasets = [parse_dataset(d) for d in self.datasets]
+        if not datasets:
+            raise ConfigError("give at least one --dataset")
+        names = [name for name, _ in datasets]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"a dataset is listed twice: {names}")
+        object.__setattr__(self, "datasets", tuple(n if p is None else f"{n}={p}" for n, p in datasets))
+        if self.n is not None and self.n < 1:
+            raise ConfigError(f"--n must be at least 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+        SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # validates them
+        if self.block_sizes is not None:
+            sizes = tuple(int(b) for b in self.block_sizes)
+            if not sizes or min(sizes) < 2 or len(set(sizes)) != len(sizes):
+                raise ConfigError(f"--block-size takes distinct values >= 2 (B = proposals + 1), got {list(sizes)}")
+            if not any(parse_method(m).uses_block_size for m in methods):
+                raise ConfigError("--block-size applies to small-ar and dflash methods; none is given")
+            object.__setattr__(self, "block_sizes", sizes)
+        if self.dtype not in ("bf16", "fp32"):
+            raise ConfigError(f"--dtype must be bf16 or fp32, got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
+        if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+
+    def dataset_sources(self) -> list[tuple[str, str | None]]:
+        return [parse_dataset(d) for d in self.datasets]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        return json.loads(json.dumps(out))  # tuples -> lists, as read back from results.json
+
+    def identity(self) -> dict[str, Any]:
+        """The fields two runs must share to live in one results.json (all but n)."""
+        return {k: v for k, v in self.to_dict().items() if k != "n"}
+
+
+# ---------------------------------------------------------------------------------------------
+# results.json: open for resume, write atomically
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "w", encoding="utf-8") as stream:
+        json.dump(payload, stream, separators=(",", ":"))
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(tmp, path)
+
+
+def read_results(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist; run `blockdraft bench ... --out DIR` first") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path} is not a readable results file ({err})") from None
+    if not isinstance(results, dict) or results.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} is not a blockdraft bench results file (schema {SCHEMA})")
+    return results
+
+
+def open_existing(out_dir: Path, config: BenchConfig, overwrite: bool) -> dict | None:
+    """Earlier results to resume, None to start afresh; refuses a folder holding something else."""
+    path = out_dir / RESULTS
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a folder")
+    if not path.exists():
+        if any(out_dir.iterdir()) and not overwrite:
+            raise ConfigError(f"--out {out_dir} holds files but no {RESULTS}; give a new or empty folder "
+                              "(or --overwrite to write there anyway)")
+        return None
+    if overwrite:
+        return None  # replaced when the first new prompt is written, not before
+    existing = read_results(path)
+    old, new = existing.get("config", {}), config.identity()
+    changed = [k for k in new if old.get(k) != new[k]]
+    if changed:
+        details = "; ".join(f"{k}: {old.get(k)!r} there, {new[k]!r} now" for k in changed)
+        raise ConfigError(f"{path} holds results of a different configuration ({details}). Use another --out "
+                          "folder, or --overwrite to replace them")
+    return existing
+
+
+def prompt_sha256(prompt: Prompt) -> str:
+    return hashlib.sha256(json.dumps(list(prompt.turns)).encode()).hexdigest()
+
+
+def _check_unchanged(records: list[dict], prompt_sets: dict[str, list[Prompt]]) -> None:
+    """Prompt ids are unique and every prompt measured earlier still has the same text."""
+    for name, prompts in prompt_sets.items():
+        ids = [p.id for p in prompts]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"{name} has repeated prompt ids; results are keyed by id, give each row a unique one")
+    stored = {(r["dataset"], r["prompt_id"]): r.get("prompt_sha256") for r in records}
+    for name, prompts in prompt_sets.items():
+        for prompt in prompts:
+            sha = stored.get((name, prompt.id))
+            if sha is not None and sha != prompt_sha256(prompt):
+                raise ConfigError(f"prompt {prompt.id} of {name} differs from the one measured earlier in this "
+                                  "folder (the prompt file changed); use another --out or --overwrite")
+
+
+# ---------------------------------------------------------------------------------------------
+# environment and prompts
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(target, config: BenchConfig) -> dict[str, Any]:
+    import numpy
+    import transformers
+
+    from .. import __version__
+
+    device = target.device
+    return {
+        "blockdraft": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+        "numpy": numpy.__version__, "python": platform.python_version(), "platform": platform.platform(),
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "dtype": config.dtype, "target": target.name, "target_layers": target.num_layers,
+        "target_hidden_size": target.hidden_size, "target_vocab_size": target.vocab_size,
+        "chat_template": bool(getattr(target.tokenizer, "chat_template", None)),
+        "thinking": "off (enable_thinking=False)",
+    }
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Chat-template token ids ending with the assistant prompt, thinking disabled.
+
+    A tokenizer without a chat template (a base model) gets the turns as plain text.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False,
+                                            enable_thinking=False)
+        return [int(i) for i in ids]
+    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, config: BenchConfig, *,
+                   rotation: int = 0) -> list[dict]:
+    """All turns of one prompt with every runner, interleaved; each runner keeps its own chat history.
+
+    The runners start at index `rotation` (the caller shifts it by one per prompt), so that no
+    method always runs right after the same other one.
+    """
+    histories: dict[int, list[dict[str, str]]] = {i: [] for i in range(len(runners))}
+    sha = prompt_sha256(prompt)
+    records = []
+    order = [(i + rotation) % len(runners) for i in range(len(runners))]
+    for turn, text in enumerate(prompt.turns):
+        for index in order:
+            runner = runners[index]
+            messages = histories[index] + [{"role": "user", "content": text}]
+            started_at = time.time()
+            measurement = runner.run(render_chat(tokenizer, messages), max_new_tokens=config.max_new_tokens,
+                                     seed=config.seed)
+            answer = tokenizer.decode(measurement.tokens, skip_special_tokens=True)
+            histories[index] = messages + [{"role": "assistant", "content": answer}]
+            records.append({"dataset": dataset, "prompt_id": prompt.id, "turn": turn, "method": runner.method,
+                            "block_size": runner.block_size, "prompt_sha256": sha,
+                            "started_at": round(started_at, 3), **measurement.to_dict()})
+    return records
+
+
+def _progress(records: list[dict]) -> str:
+    parts = []
+    for r in records:
+        if r["turn"] != 0:
+            continue
+        label = r["method"] if r["block_size"] is None else f"{r['method']} B={r['block_size']}"
+        speed = (len(r["tokens"]) - 1) / r["decode_s"] if r["decode_s"] > 0 else float("nan")
+        parts.append(f"{label} {speed:.1f} tok/s")
+    return " | ".join(parts)
+
+
+def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = False,
+              log: Callable[[str], None] = _stderr) -> dict:
+    """Measure every pending prompt, then write the report; returns the results dict.
+
+    All checks (configuration, existing folder, prompt sets, models and drafters) happen before
+    anything is written.
+    """
+    out_dir = Path(out_dir)
+    existing = open_existing(out_dir, config, overwrite)
+    prompt_sets = {name: load_prompts(name, path=path, n=config.n) for name, path in config.dataset_sources()}
+    results = existing
+    records = list(existing["records"]) if existing else []
+    _check_unchanged(records, prompt_sets)
+    done = {(r["dataset"], r["prompt_id"]) for r in records}
+    every = [(name, p) for name, prompts in prompt_sets.items() for p in prompts]
+    # the position among all prompts sets the method order, so a resumed run measures as an uninterrupted one
+    pending = [(position, name, p) for position, (name, p) in enumerate(every) if (name, p.id) not in done]
+    if pending:
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        target = load_target(config.target, dtype=config.dtype, device=device)
+        if target.tokenizer is None:
+            raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
+        runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,
+                                              record_q=config.record_q)
+        env = environment(target, config)
+        results = existing or {"schema": SCHEMA, "environment": env, "sessions": [], "records": []}
+        results.update(config=config.to_dict(), methods=methods_info)
+        session = {"started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "environment": env, "prompts_measured": 0}
+        results["sessions"].append(session)
+        log(f"bench: {len(pending)} prompt(s) to measure with {len(runners)} run(s) "
+            f"({', '.join(r.method + ('' if r.block_size is None else f' B={r.block_size}') for r in runners)}); "
+            f"{len(done)} already in {out_dir / RESULTS}")
+        first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
+        for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
+            runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+        for number, (position, name, prompt) in enumerate(pending, 1):
+            new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners))
+            results["records"].extend(new)
+            session["prompts_measured"] += 1
+            write_json_atomic(out_dir / RESULTS, results)
+            log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+    else:
+        log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")
+    from .report import write_report
+
+    write_report(results, out_dir)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    config = BenchConfig(target=args.target, methods=tuple(args.method), datasets=tuple(args.dataset), n=args.n,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                         top_k=args.top_k, block_sizes=tuple(args.block_size) if args.block_size else None,
+                         dtype=args.dtype, threads=args.threads, device=args.device, seed=args.seed,
+                         record_q=not args.no_record_q)
+    run_bench(config, args.out, overwrite=args.overwrite)
+    print(f"results: {Path(args.out) / RESULTS}\nreport:  {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    source = Path(args.results)
+    results = read_results(source)
+    out_dir = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    print(f"report: {write_report(results, out_dir)}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark decoding methods side by side; writes results.json + report",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
+    p.add_argument("--method", nargs="+", required=True, metavar="M",
+                   help="ar, small-ar[:NAME_OR_PATH], dflash:PATH (repeatable), hf-assisted[:NAME_OR_PATH], "
+                        "hf-prompt-lookup[:N]; ar is always added as the baseline")
+    p.add_argument("--dataset", nargs="+", required=True, metavar="D",
+                   help="humaneval, mt-bench, gsm8k (fetched assets) or NAME=PATH for a local file in NAME's format")
+    p.add_argument("--n", type=int, default=None, help="first N prompts of each dataset (default: all)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--block-size", type=int, nargs="+", default=None, metavar="B",
+                   help="B = proposals + 1 for small-ar and dflash (default: each drafter's own B, small-ar 5); "
+                        "several values sweep tau vs K")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-record-q", action="store_true", help="skip the drafter q per proposal (no surrogate check)")
+    p.add_argument("--overwrite", action="store_true", help="replace results of a different configuration in --out")
+    p.add_argument("--out", required=True, help="output folder: results.json, report.md, *.png")
+    p.set_defaults(func=cmd_bench)
+
+    p = subparsers.add_parser("report", help="redraw report.md and plots from a bench results.json")
+    p.add_argument("results", help="results.json (or the folder holding it)")
+    p.add_argument("--out", default=None, help="folder for report.md and plots (default: beside results.json)")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,298 @@
+"""Benchmark methods: a spec string names one way of decoding; a runner turns a prompt into a record.
+
+Spec strings (`blockdraft bench --method ...`):
+
+- `ar`: plain decoding through our loop (no drafter), the speedup baseline;
+- `small-ar[:NAME_OR_PATH]`: our loop with a small causal LM drafting K tokens one by one
+  (default draft `qwen2.5-coder-0.5b-instruct`; B = 5 unless `--block-size` says otherwise);
+- `dflash:PATH`: our loop with a DFlash drafter checkpoint (several allowed; default B = its own);
+- `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
+  defaults (20 candidates, constant schedule, confidence stop 0.4), same default draft;
+- `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10).
+
+Every runner returns a `Measurement`: generated tokens, `prefill_s`, `decode_s`, and for our loop
+the per-round records (columns) plus each round's drafted tokens, so that accept/correct/waste can
+be derived later. Prefill is excluded from `decode_s` (SPEC §6).
+
+Hugging Face `generate` cannot be split into prefill and decode from the outside, so for the `hf-*`
+peers `generate_s` is the whole call, `prefill_s` is measured just before it with one cached forward
+of the target over the prompt (plus one of the draft model for `hf-assisted`, whose own prompt pass
+our small-AR prefill also contains), and `decode_s = generate_s - prefill_s`. This is an
+approximation: HF's first target pass processes the prompt *and* the first candidates together, so
+the subtraction leaves that first verification's extra tokens in `decode_s`. HF peers have no
+per-round records; `target_calls` counts the target's forward passes inside `generate` (a hook on
+the model), which gives their tau honestly as tokens / target passes (their first pass verifies
+candidates too, so it counts as a round).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .. import generate
+from ..checkpoints import load_drafter
+from ..config import ConfigError, SamplingConfig
+from ..drafters.base import Proposal
+from ..drafters.small_ar import SmallARDrafter
+from ..target import Target, load_target
+
+KINDS = ("ar", "small-ar", "dflash", "hf-assisted", "hf-prompt-lookup")
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_LOOKUP_TOKENS = 10
+DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
+SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH, hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    kind: str
+    arg: str | None = None
+
+    @property
+    def name(self) -> str:
+        """Canonical spec string (defaults filled in): the method's id in results.json."""
+        return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
+
+    @property
+    def uses_block_size(self) -> bool:
+        """Only our loop's drafters take `--block-size`; HF peers keep their own schedule."""
+        return self.kind in ("small-ar", "dflash")
+
+
+def parse_method(text: str) -> MethodSpec:
+    kind, _, arg = text.strip().partition(":")
+    arg = arg.strip() or None
+    if kind not in KINDS:
+        raise ConfigError(f"unknown method {text!r}; use one of: {SPEC_HELP}")
+    if kind == "ar" and arg is not None:
+        raise ConfigError(f"method 'ar' takes no argument, got {text!r}")
+    if kind == "dflash" and arg is None:
+        raise ConfigError("method 'dflash' needs the drafter folder: dflash:PATH")
+    if kind in ("small-ar", "hf-assisted") and arg is None:
+        arg = DEFAULT_DRAFT
+    if kind == "hf-prompt-lookup":
+        arg = arg or str(DEFAULT_LOOKUP_TOKENS)
+        if not arg.isdigit() or int(arg) < 1:
+            raise ConfigError(f"hf-prompt-lookup:N needs a positive integer N, got {text!r}")
+        arg = str(int(arg))
+    return MethodSpec(kind, arg)
+
+
+@dataclass
+class Measurement:
+    """One generation, in the uniform shape every method reports."""
+
+    tokens: list[int]
+    prompt_length: int
+    prefill_s: float
+    decode_s: float
+    stop_reason: str
+    rounds: dict[str, list] | None = None  # our loop: one column per RoundRecord field + draft_tokens
+    target_calls: int | None = None  # HF peers: target forward passes inside generate()
+    generate_s: float | None = None  # HF peers: the whole generate() call
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _round_time(seconds: float) -> float:
+    return round(float(seconds), 7)  # 0.1 µs: far below timer noise, keeps results.json small
+
+
+class _ProposalRecorder:
+    """Wraps any drafter (composition, not a subclass) and keeps the tokens of each proposal.
+
+    The loop calls `propose` once per round, except a final round whose budget leaves no room for
+    proposals; so proposal i belongs to round i.
+    """
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.target_layer_ids = drafter.target_layer_ids
+        self.max_proposals = drafter.max_proposals
+        self.proposals: list[list[int]] = []
+
+    def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
+        self.proposals = []
+        self.drafter.reset(prompt_ids, prompt_features)
+
+    def propose(self, ids, num_proposals, sampling, generator) -> Proposal:
+        proposal = self.drafter.propose(ids, num_proposals, sampling, generator)
+        self.proposals.append(proposal.tokens.tolist())
+        return proposal
+
+    def commit(self, length: int, features: torch.Tensor | None) -> None:
+        self.drafter.commit(length, features)
+
+
+def _round_columns(rounds, proposals: list[list[int]] | None) -> dict[str, list]:
+    columns: dict[str, list] = {
+        "proposed": [r.proposed for r in rounds], "accepted": [r.accepted for r in rounds],
+        "emitted": [r.emitted for r in rounds], "draft_s": [_round_time(r.draft_s) for r in rounds],
+        "verify_s": [_round_time(r.verify_s) for r in rounds], "round_s": [_round_time(r.round_s) for r in rounds],
+        "q_proposed": [None if r.q_proposed is None else [round(q, 6) for q in r.q_proposed] for r in rounds],
+    }
+    if proposals is not None:
+        drafts = proposals + [[] for _ in range(len(rounds) - len(proposals))]
+        if len(drafts) != len(rounds) or any(len(d) != r.proposed for d, r in zip(drafts, rounds)):
+            raise RuntimeError("drafted tokens do not line up with the round records")
+        columns["draft_tokens"] = drafts
+    return columns
+
+
+@dataclass
+class LoopRunner:
+    """`ar`, `small-ar` and `dflash`: the library's own propose -> verify -> commit -> crop loop."""
+
+    method: str
+    block_size: int | None  # B = K + 1 proposals per round; None for `ar`
+    target: Target
+    drafter: Any  # a Drafter, or None for plain decoding
+    sampling: SamplingConfig
+    record_q: bool = True
+
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement:
+        recorder = _ProposalRecorder(self.drafter) if self.drafter is not None else None
+        result = generate(self.target, recorder, prompt_ids, max_new_tokens=max_new_tokens,
+                          temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                          top_k=self.sampling.top_k, seed=seed,
+                          num_proposals=None if self.block_size is None else self.block_size - 1,
+                          record_q=self.record_q and recorder is not None)
+        return Measurement(tokens=result.tokens, prompt_length=result.prompt_length,
+                           prefill_s=_round_time(result.prefill_s), decode_s=_round_time(result.decode_s),
+                           stop_reason=result.stop_reason,
+                           rounds=_round_columns(result.rounds, recorder.proposals if recorder else None))
+
+
+def _timed_prompt_pass(model, input_ids: torch.Tensor) -> float:
+    """One cached forward over the prompt, as a prefill would run it; returns seconds."""
+    device = input_ids.device
+    with torch.inference_mode():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        model(input_ids=input_ids, past_key_values=DynamicCache(config=model.config), use_cache=True,
+              logits_to_keep=1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+
+@dataclass
+class HFRunner:
+    """`hf-assisted` and `hf-prompt-lookup`: transformers' own assisted generation, as users run it."""
+
+    method: str
+    target: Target
+    sampling: SamplingConfig
+    assistant: Target | None = None
+    lookup_tokens: int | None = None
+    block_size: int | None = None  # HF peers keep their own candidate schedule
+
+    def _generate_kwargs(self, max_new_tokens: int) -> dict[str, Any]:
+        stops = self.target.eos_token_ids()  # the stop set our loop uses too
+        tokenizer = self.target.tokenizer
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        # Explicit values win over the model's generation_config (e.g. a repetition_penalty there
+        # would make HF decode a different distribution from ours).
+        if pad is None:
+            pad = stops[0] if stops else 0
+        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=stops or None,
+                                      pad_token_id=pad, repetition_penalty=1.0, do_sample=not self.sampling.greedy)
+        if not self.sampling.greedy:
+            kwargs.update(temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=self.sampling.top_k)
+        if self.assistant is not None:
+            kwargs["assistant_model"] = self.assistant.model
+        if self.lookup_tokens is not None:
+            kwargs["prompt_lookup_num_tokens"] = self.lookup_tokens
+        return kwargs
+
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement:
+        model = self.target.model
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.target.device)
+        prefill_s = _timed_prompt_pass(model, input_ids)
+        if self.assistant is not None:
+            prefill_s += _timed_prompt_pass(self.assistant.model, input_ids.to(self.assistant.device))
+        calls = [0]
+        hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
+        torch.manual_seed(seed)
+        try:
+            device = input_ids.device
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            with torch.inference_mode():
+                output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                        **self._generate_kwargs(max_new_tokens))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            generate_s = time.perf_counter() - started
+        finally:
+            hook.remove()
+        tokens = output[0, input_ids.shape[1]:].tolist()
+        stops = set(self.target.eos_token_ids())
+        return Measurement(tokens=tokens, prompt_length=input_ids.shape[1], prefill_s=_round_time(prefill_s),
+                           decode_s=_round_time(max(0.0, generate_s - prefill_s)),
+                           stop_reason="stop_token" if tokens and tokens[-1] in stops else "length",
+                           target_calls=calls[0], generate_s=_round_time(generate_s))
+
+
+def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None, target: Target,
+                  sampling: SamplingConfig, *, record_q: bool = True) -> tuple[list, dict[str, dict]]:
+    """Load every drafter once and return (runners in run order, per-method descriptions).
+
+    Each speculative method of our loop gets one runner per block size; a block size larger
+    than a DFlash drafter's own (B - 1 > its max proposals) is refused.
+    """
+    drafts: dict[str, Target] = {}  # a draft model loaded once, shared by small-ar and hf-assisted
+
+    def draft_model(name: str) -> Target:
+        if name not in drafts:
+            drafts[name] = load_target(name, dtype=target.dtype, device=target.device)
+        return drafts[name]
+
+    runners, info = [], {}
+    for text in methods:
+        spec = parse_method(text)
+        if spec.kind == "ar":
+            runners.append(LoopRunner(spec.name, None, target, None, sampling, record_q))
+            info[spec.name] = {"kind": "ar"}
+        elif spec.kind in ("small-ar", "dflash"):
+            if spec.kind == "dflash":
+                drafter = load_drafter(spec.arg, target)
+                native = drafter.max_proposals + 1
+                cfg = drafter.config
+                info[spec.name] = {"kind": "dflash", "path": spec.arg, "block_size": cfg.block_size,
+                                   "layout": cfg.layout, "num_hidden_layers": cfg.num_hidden_layers,
+                                   "target_layer_ids": list(cfg.target_layer_ids),
+                                   "draft_vocab_size": cfg.draft_vocab_size}
+            else:
+                native = DEFAULT_SMALL_AR_BLOCK
+                draft = draft_model(spec.arg)
+                info[spec.name] = {"kind": "small-ar", "draft": spec.arg, "draft_layers": draft.num_layers,
+                                   "draft_hidden_size": draft.hidden_size}
+            for block_size in block_sizes or (native,):
+                if spec.kind == "dflash" and block_size > native:
+                    raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
+                                      f"{spec.arg} proposes at most {native - 1} (its block size is {native}); "
+                                      f"use --block-size <= {native}")
+                if spec.kind == "small-ar":
+                    drafter = SmallARDrafter(draft_model(spec.arg), target, num_proposals=block_size - 1)
+                runners.append(LoopRunner(spec.name, block_size, target, drafter, sampling, record_q))
+        elif spec.kind == "hf-assisted":
+            assistant = draft_model(spec.arg)
+            if assistant.vocab_size != target.vocab_size:
+                raise ConfigError(f"hf-assisted draft {spec.arg} has vocabulary {assistant.vocab_size}, the target "
+                                  f"{target.vocab_size}; assisted generation needs a shared tokenizer")
+            runners.append(HFRunner(spec.name, target, sampling, assistant=assistant))
+            info[spec.name] = {"kind": "hf-assisted", "draft": spec.arg, "hf_defaults": "num_assistant_tokens=20, "
+                               "schedule=constant, assistant_confidence_threshold=0.4"}
+        else:
+            runners.append(HFRunner(spec.name, target, sampling, lookup_tokens=int(spec.arg)))
+            info[spec.name] = {"kind": "hf-prompt-lookup", "prompt_lookup_num_tokens": int(spec.arg)}
+    return runners, info

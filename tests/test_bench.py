@@ -1,0 +1,179 @@
+"""`blockdraft bench` / `report` end to end on tiny models: records, losslessness, resume, refusals."""
+
+import json
+
+import pytest
+
+from blockdraft.checkpoints import init_drafter, save_drafter
+from blockdraft.cli import main
+from blockdraft.eval import bench as bench_module
+from blockdraft.eval import metrics as M
+from blockdraft.eval.bench import BenchConfig
+from blockdraft.config import ConfigError
+from blockdraft.target import load_target
+from blockdraft.tiny import save_tiny_chat_model
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = save_tiny_chat_model(root / "target")
+    save_drafter(init_drafter(load_target(target, dtype="fp32"), num_layers=1, block_size=4).model, root / "dflash")
+    other = save_tiny_chat_model(root / "other", hidden_size=48)
+    save_drafter(init_drafter(load_target(other, dtype="fp32"), num_layers=1, block_size=4).model,
+                 root / "dflash-other")
+    (root / "he.jsonl").write_text("".join(
+        json.dumps({"task_id": f"T/{i}", "prompt": f"def f{i}(x):\n    w{i} w{i + 1}"}) + "\n" for i in range(3)))
+    (root / "mt.jsonl").write_text(json.dumps({"question_id": 81, "turns": ["w1 w2 w3 print", "w5 w6 again"]}) + "\n")
+    return root
+
+
+def bench_args(assets, out, *extra, methods=("ar",), n="1", tokens="6"):
+    return ["bench", "--target", str(assets / "target"), "--method", *methods,
+            "--dataset", f"humaneval={assets / 'he.jsonl'}", "--n", n, "--max-new-tokens", tokens,
+            "--dtype", "fp32", "--threads", "1", "--out", str(out), *extra]
+
+
+def test_end_to_end_bench_and_report(assets, tmp_path, capsys):
+    out = tmp_path / "run"
+    methods = [f"dflash:{assets / 'dflash'}", f"small-ar:{assets / 'target'}", f"hf-assisted:{assets / 'target'}",
+               "hf-prompt-lookup:3"]
+    argv = ["bench", "--target", str(assets / "target"), "--method", *methods,
+            "--dataset", f"humaneval={assets / 'he.jsonl'}", f"mt-bench={assets / 'mt.jsonl'}", "--n", "1",
+            "--max-new-tokens", "10", "--block-size", "3", "4", "--dtype", "fp32", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["methods"][0] == "ar"  # the baseline is always added, first
+    env = results["environment"]
+    assert env["dtype"] == "fp32" and env["threads"] == 1 and env["device"] == "cpu" and env["torch"]
+    runs = M.runs_in_order(results)
+    dflash, small = methods[0], methods[1]
+    assert runs == [("ar", None), (dflash, 3), (dflash, 4), (small, 3), (small, 4), (methods[2], None),
+                    (methods[3], None)]
+    assert len(results["records"]) == len(runs) * 3  # one humaneval turn + two mt-bench turns per run
+    second_prompt = [M.run_of(r) for r in results["records"] if r["dataset"] == "mt-bench"]
+    assert second_prompt[:len(runs)] == runs[1:] + runs[:1]  # the method order rotates per prompt
+    by_run = {run: [r for r in results["records"] if M.run_of(r) == run] for run in runs}
+    for record in by_run[(dflash, 4)]:
+        rounds = record["rounds"]
+        assert max(rounds["proposed"]) == 3 and len(rounds["draft_tokens"]) == len(rounds["emitted"])
+        assert all(len(q) == p for q, p in zip(rounds["q_proposed"], rounds["proposed"]) if p)
+        assert record["prefill_s"] > 0 and record["decode_s"] > 0
+    for record in by_run[(methods[2], None)]:
+        assert record["rounds"] is None and record["target_calls"] >= 1 and record["generate_s"] > 0
+    # MT-Bench: the second turn's prompt holds the first answer
+    turns = sorted((r for r in by_run[("ar", None)] if r["dataset"] == "mt-bench"), key=lambda r: r["turn"])
+    assert [r["turn"] for r in turns] == [0, 1] and turns[1]["prompt_length"] > turns[0]["prompt_length"] + 5
+    # the target drafting for itself accepts everything; plain decoding is one token per round
+    taus = {run: M.tau_estimate(M.units_by_run(results)[run]).value for run in runs}
+    assert taus[("ar", None)] == 1.0 and taus[(small, 4)] > 2.5 and taus[(methods[2], None)] > 1
+    # greedy float32: every method emits exactly the AR tokens
+    agreement = M.greedy_agreement(results)
+    assert len(agreement) == len(runs) - 1 and all(a.differing == 0 and a.compared == 3 for a in agreement.values())
+    report = (out / "report.md").read_text()
+    for heading in ("tau and speedup", "Acceptance by position", "Accept / correct / waste", "Surrogate check",
+                    "tau vs K", "Greedy agreement with ar", "thinking mode", "fp32"):
+        assert heading in report
+    assert {p.name for p in out.glob("*.png")} == {"tau.png", "speedup.png", "acceptance.png", "tau_vs_k.png"}
+    # the report is a pure function of results.json
+    (out / "report.md").unlink()
+    (out / "tau.png").unlink()
+    capsys.readouterr()
+    assert main(["report", str(out / "results.json")]) == 0
+    assert (out / "report.md").read_text() == report and (out / "tau.png").exists()
+
+
+def test_sampling_run_has_no_greedy_agreement_section(assets, tmp_path):
+    out = tmp_path / "sampled"
+    assert main(bench_args(assets, out, "--temperature", "0.8", methods=(f"dflash:{assets / 'dflash'}",
+                                                                         "hf-prompt-lookup"))) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["records"]) == 3
+    assert "Greedy agreement" not in (out / "report.md").read_text()
+
+
+def test_interrupted_run_resumes_with_only_the_missing_prompts(assets, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "resume"
+    methods = ("ar", f"small-ar:{assets / 'target'}")
+    assert main(bench_args(assets, out, methods=methods, n="1")) == 0
+    first = json.loads((out / "results.json").read_text())["records"]
+    assert {r["prompt_id"] for r in first} == {"T/0"}
+
+    real = bench_module.measure_prompt
+    calls = []
+
+    def interrupted(dataset, prompt, *args, **kwargs):
+        calls.append(prompt.id)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the second new prompt
+        return real(dataset, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(bench_module, "measure_prompt", interrupted)
+    assert main(bench_args(assets, out, methods=methods, n="3")) == 130
+    assert calls == ["T/1", "T/2"]  # T/0 was skipped
+    partial = json.loads((out / "results.json").read_text())
+    assert [r["prompt_id"] for r in partial["records"]] == ["T/0"] * 2 + ["T/1"] * 2
+    assert partial["records"][:2] == first  # untouched
+
+    monkeypatch.setattr(bench_module, "measure_prompt", real)
+    capsys.readouterr()
+    assert main(bench_args(assets, out, methods=methods, n="3")) == 0
+    assert "1 prompt(s) to measure" in capsys.readouterr().err
+    final = json.loads((out / "results.json").read_text())
+    assert final["records"][:4] == partial["records"]
+    assert [r["prompt_id"] for r in final["records"][4:]] == ["T/2"] * 2
+    assert [s["prompts_measured"] for s in final["sessions"]] == [1, 1, 1]
+    assert "Measured over 3 sessions" in (out / "report.md").read_text()
+
+
+def test_a_folder_with_another_configuration_is_refused_unless_overwrite(assets, tmp_path, capsys):
+    out = tmp_path / "cfg"
+    assert main(bench_args(assets, out, tokens="4")) == 0
+    before = (out / "results.json").read_bytes()
+    capsys.readouterr()
+    assert main(bench_args(assets, out, tokens="5")) == 2
+    err = capsys.readouterr().err
+    assert "different configuration" in err and "max_new_tokens" in err and "--overwrite" in err
+    assert (out / "results.json").read_bytes() == before
+    assert main(bench_args(assets, out, "--overwrite", tokens="5")) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["max_new_tokens"] == 5
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    assert main(bench_args(assets, stranger)) == 2
+    assert "no results.json" in capsys.readouterr().err and sorted(p.name for p in stranger.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("method", "unknown method"),
+    ("dataset", "unknown prompt set"),
+    ("n", "has only 3"),
+    ("other-target", "different target"),
+    ("block-size", "proposes at most 3"),
+    ("missing-file", "does not exist"),
+])
+def test_bad_input_is_refused_before_anything_is_written(assets, tmp_path, capsys, case, expected):
+    out = tmp_path / "out"
+    argv = {
+        "method": bench_args(assets, out, methods=("ar", "medusa")),
+        "dataset": bench_args(assets, out)[:6] + ["humaneval2"] + bench_args(assets, out)[7:],
+        "n": bench_args(assets, out, n="4"),
+        "other-target": bench_args(assets, out, methods=(f"dflash:{assets / 'dflash-other'}",)),
+        "block-size": bench_args(assets, out, "--block-size", "5", methods=(f"dflash:{assets / 'dflash'}",)),
+        "missing-file": bench_args(assets, out)[:6] + [f"mbpp={tmp_path / 'none.jsonl'}"] + bench_args(assets, out)[7:],
+    }[case]
+    assert main(argv) == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_config_validation_and_identity():
+    config = BenchConfig(target="t", methods=("small-ar", "hf-prompt-lookup"), datasets=("HumanEval",), n=3)
+    assert config.methods == ("ar", "small-ar:qwen2.5-coder-0.5b-instruct", "hf-prompt-lookup:10")
+    assert config.datasets == ("humaneval",)
+    assert "n" not in config.identity() and config.to_dict()["n"] == 3
+    for bad in (dict(methods=("ar", "ar")), dict(block_sizes=(1,)), dict(block_sizes=(4,)), dict(dtype="fp8"),
+                dict(temperature=-1.0), dict(max_new_tokens=0), dict(methods=("dflash",)),
+                dict(methods=("hf-prompt-lookup:x",)), dict(datasets=("gsm8k", "gsm8k"))):
+        with pytest.raises(ConfigError):
+            BenchConfig(**{"target": "t", "methods": ("ar",), "datasets": ("gsm8k",), **bad})
