@@ -8,6 +8,7 @@ temporary folder is renamed into place, so an interrupted save never leaves a ha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,8 +19,10 @@ from typing import Any, Mapping
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from .config import ConfigError, DFlashConfig, default_target_layer_ids
+from .drafters.base import Drafter
 from .drafters.dflash import DFlashDraftModel, DFlashDrafter
 from .target import Target, load_target
 
@@ -65,13 +68,30 @@ def _atomic_write_folder(out_dir: Path, write) -> None:
         raise
 
 
-def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: Mapping[str, Any] | None = None) -> None:
-    """Write the released format. `extra_files` maps file names to JSON-able objects (e.g. a training config)."""
+def head_prefix(name: str) -> str:
+    """Heads composed onto the backbone are saved under `{name}_head.` (e.g. `markov_head.markov_w1.weight`)."""
+    return f"{name}_head."
+
+
+def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: Mapping[str, Any] | None = None,
+                 heads: Mapping[str, nn.Module] | None = None) -> None:
+    """Write the released format. `extra_files` maps file names to JSON-able objects (e.g. a training config).
+
+    `heads` (name -> module with a `describe()`) are saved in the same file under `{name}_head.` and
+    described in `config.json` under `heads`; without heads the file is the plain released format.
+    """
     state = {key: tensor.detach().contiguous().cpu() for key, tensor in model.state_dict().items()
              if not key.startswith("rotary_emb.")}
+    described = {}
+    for name, head in (heads or {}).items():
+        state.update({head_prefix(name) + key: tensor.detach().contiguous().cpu()
+                      for key, tensor in head.state_dict().items()})
+        described[name] = head.describe()
+    extra = {key: value for key, value in model.config.extra.items() if key != "heads"}
+    config = dataclasses.replace(model.config, extra={**extra, "heads": described} if described else extra)
 
     def write(folder: Path) -> None:
-        model.config.save(folder / CONFIG_NAME)
+        config.save(folder / CONFIG_NAME)
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
         for name, obj in (extra_files or {}).items():
             (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
@@ -94,6 +114,9 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
         raise ConfigError(f"{weights} is not a readable safetensors file ({err}); the checkpoint is corrupt") from None
     source = "prefixed" if state and all(k.startswith("model.") for k in state) else "dflash"
     state = remap_keys(state, source)
+    # Heads described in config.json live under their own prefixes; `load_drafter` attaches them.
+    prefixes = tuple(head_prefix(name) for name in config.extra.get("heads") or {})
+    state = {key: tensor for key, tensor in state.items() if not (prefixes and key.startswith(prefixes))}
     model = DFlashDraftModel(config)
     expected = {k for k in model.state_dict() if not k.startswith("rotary_emb.")}
     missing = sorted(expected - state.keys())
@@ -110,11 +133,19 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_drafter(path: str | Path, target: Target | str) -> DFlashDrafter:
-    """Load a DFlash drafter checkpoint for `target` (same device and dtype as the target)."""
+def load_drafter(path: str | Path, target: Target | str) -> Drafter:
+    """Load a DFlash drafter checkpoint for `target` (same device and dtype as the target).
+
+    When config.json describes heads (DSpark Markov/confidence), they are composed onto the backbone.
+    """
     target = load_target(target)
     model = load_drafter_model(path, dtype=target.dtype, device=target.device)
-    return DFlashDrafter(model, target)
+    drafter = DFlashDrafter(model, target)
+    if model.config.extra.get("heads"):
+        from .drafters.dspark import attach_saved_heads
+
+        return attach_saved_heads(drafter, path)
+    return drafter
 
 
 def default_mask_token_id(target: Target) -> int:
@@ -146,11 +177,54 @@ def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int =
         mask_token_id=default_mask_token_id(target) if mask_token_id is None else mask_token_id,
         rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), max_position_embeddings=target.max_positions,
         rope_parameters=rope, draft_vocab_size=draft_vocab_size,
+        attention_bias=target.model.model.layers[0].self_attn.q_proj.bias is not None,
     )
 
 
+@torch.no_grad()
+def copy_target_layers(model: DFlashDraftModel, target: Target) -> list[int]:
+    """Initialise draft layer i from target layer (l_last + 1 + i), where l_last is the last feature layer.
+
+    Attention, MLP and layer norms are copied where the shapes match; `fc` selects the last feature
+    layer (identity on its slice), `hidden_norm` takes the copied layer's input norm, so the context
+    keys/values start as that target layer's own; `norm` takes the target's final norm. The
+    Qwen3-style q_norm/k_norm have no counterpart in Qwen2/Llama targets and stay at ones.
+    Returns the target layer ids copied.
+    """
+    layers = target.model.model.layers
+    config = model.config
+    first = max(config.target_layer_ids) + 1
+    copied = []
+    for i, draft_layer in enumerate(model.layers):
+        source_index = min(first + i, target.num_layers - 1)
+        source = layers[source_index]
+        pairs = [(draft_layer.self_attn.q_proj, source.self_attn.q_proj), (draft_layer.self_attn.k_proj, source.self_attn.k_proj),
+                 (draft_layer.self_attn.v_proj, source.self_attn.v_proj), (draft_layer.self_attn.o_proj, source.self_attn.o_proj),
+                 (draft_layer.mlp.gate_proj, source.mlp.gate_proj), (draft_layer.mlp.up_proj, source.mlp.up_proj),
+                 (draft_layer.mlp.down_proj, source.mlp.down_proj),
+                 (draft_layer.input_layernorm, source.input_layernorm),
+                 (draft_layer.post_attention_layernorm, source.post_attention_layernorm)]
+        for ours, theirs in pairs:
+            if ours.weight.shape != theirs.weight.shape:
+                raise ConfigError(f"cannot copy target layer {source_index}: {tuple(theirs.weight.shape)} vs "
+                                  f"{tuple(ours.weight.shape)}; use the target's intermediate size")
+            ours.weight.copy_(theirs.weight)
+            if getattr(ours, "bias", None) is not None and getattr(theirs, "bias", None) is not None:
+                ours.bias.copy_(theirs.bias)
+        if hasattr(source.self_attn, "q_norm"):
+            draft_layer.self_attn.q_norm.weight.copy_(source.self_attn.q_norm.weight)
+            draft_layer.self_attn.k_norm.weight.copy_(source.self_attn.k_norm.weight)
+        copied.append(source_index)
+    hidden = config.hidden_size
+    model.fc.weight.zero_()
+    model.fc.weight[:, -hidden:].copy_(torch.eye(hidden))
+    model.hidden_norm.weight.copy_(layers[copied[0]].input_layernorm.weight)
+    model.norm.weight.copy_(target.model.model.norm.weight)
+    return copied
+
+
 def init_drafter(target: Target, *, seed: int = 0, draft_vocab: torch.Tensor | None = None,
-                 **kwargs) -> DFlashDrafter:
+                 from_target_layers: bool = False, **kwargs) -> DFlashDrafter:
     """A randomly initialised drafter for `target`, on its device and dtype.
 
     `draft_vocab` (sorted target ids) restricts the drafter to a reduced vocabulary.
@@ -161,4 +235,6 @@ def init_drafter(target: Target, *, seed: int = 0, draft_vocab: torch.Tensor | N
     model = DFlashDraftModel(new_drafter_config(target, **kwargs))
     if draft_vocab is not None:
         model.vocab_map.d2t.copy_(draft_vocab)
+    if from_target_layers:
+        copy_target_layers(model, target)
     return DFlashDrafter(model.to(device=target.device, dtype=target.dtype).eval(), target)

@@ -204,3 +204,22 @@ def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
     for prompt in (ids, torch.randint(1, 200, (1, 7))):
         plain = blockdraft.generate(target, None, prompt, max_new_tokens=40, stop_token_ids=())
         assert blockdraft.generate(target, loaded, prompt, max_new_tokens=40, stop_token_ids=()).tokens == plain.tokens
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_init_from_target_layers_copies_the_next_layer(arch):
+    target = tiny_target(arch, num_layers=4)
+    drafter = init_drafter(target, num_layers=1, block_size=4, target_layer_ids=(1,), from_target_layers=True)
+    source = target.model.model.layers[2]
+    draft = drafter.model.layers[0]
+    torch.testing.assert_close(draft.self_attn.q_proj.weight, source.self_attn.q_proj.weight)
+    torch.testing.assert_close(draft.mlp.down_proj.weight, source.mlp.down_proj.weight)
+    if arch == "qwen2":  # Qwen2 attention has biases; the drafter follows the target
+        torch.testing.assert_close(draft.self_attn.k_proj.bias, source.self_attn.k_proj.bias)
+    torch.testing.assert_close(drafter.model.fc.weight, torch.eye(64))
+    torch.testing.assert_close(drafter.model.norm.weight, target.model.model.norm.weight)
+    # Still a drafter: lossless decoding.
+    import blockdraft
+    prompt = torch.randint(1, 200, (1, 9))
+    plain = blockdraft.generate(target, None, prompt, max_new_tokens=30, stop_token_ids=())
+    assert blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=()).tokens == plain.tokens

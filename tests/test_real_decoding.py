@@ -1,5 +1,7 @@
 """Lossless decoding on the real models (run with `python -m pytest -m real_assets --run-real`)."""
 
+import os
+
 import pytest
 import torch
 
@@ -19,7 +21,9 @@ def chat_ids(target, text):
 
 @pytest.fixture(scope="module")
 def target_fp32():
-    torch.set_num_threads(2)
+    threads = os.environ.get("BLOCKDRAFT_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
     return blockdraft.load_target("qwen2.5-coder-1.5b-instruct", dtype="fp32")
 
 

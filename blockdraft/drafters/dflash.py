@@ -219,6 +219,12 @@ class DFlashDrafter:
     @torch.inference_mode()
     def block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
         """One drafter pass for the block after ids (1, L); returns (num_proposals, V) logits."""
+        return self.head(self.block_hidden(ids, num_proposals))  # (k, V_draft)
+
+    @torch.inference_mode()
+    def block_hidden(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
+        """One drafter pass for the block after ids (1, L); returns the (num_proposals, H) final
+        hidden states of the predicting slots (what heads composed onto the backbone read)."""
         start = ids.shape[1] - 1  # anchor position = context length
         cached = self.cache.length
         pending = self.pending
@@ -234,7 +240,7 @@ class DFlashDrafter:
         hidden = self.model(self.target.embed_tokens(block_ids), pending, block_positions, context_positions,
                             cache=self.cache)
         self.pending = None
-        return self.head(hidden[0, self.first_predicting_slot:])  # (k, V_draft)
+        return hidden[0, self.first_predicting_slot:]  # (k, H)
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:

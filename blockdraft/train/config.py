@@ -25,6 +25,7 @@ class TrainConfig:
     num_layers: int = 1
     block_size: int = 16
     target_layer_ids: tuple[int, ...] | None = None  # None = SPEC §2 default
+    init_from_target: bool = False  # copy the target layers after the feature layers into the drafter
     draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent supervised tokens); None = full
     # the objective (SPEC §4) and its knobs
     objective: str = "dpace"

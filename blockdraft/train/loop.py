@@ -173,7 +173,8 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
                 print(f"draft vocabulary: {config.draft_vocab_size} of {target.vocab_size} tokens covers "
                       f"{coverage(data.dataset, draft_vocab):.1%} of the supervised tokens", flush=True)
         drafter = init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
-                               target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab)
+                               target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
+                               from_target_layers=config.init_from_target)
     if drafter.config.block_size != config.block_size:
         raise ConfigError(f"block_size {config.block_size} does not match the drafter's {drafter.config.block_size}; "
                           f"set block_size={drafter.config.block_size}")
