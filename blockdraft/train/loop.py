@@ -166,7 +166,10 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     data = TrainingData(config, target, tuple(layer_ids), dist_info)
     if drafter is None:
         draft_vocab = None
-        if config.draft_vocab_size:
+        if config.draft_vocab_size and config.draft_vocab_size >= target.vocab_size and dist_info.is_main:
+            print(f"draft vocabulary: {config.draft_vocab_size} >= the target's {target.vocab_size}; using the "
+                  "full vocabulary", flush=True)
+        if config.draft_vocab_size and config.draft_vocab_size < target.vocab_size:
             eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
             draft_vocab = draft_vocabulary(data.dataset, config.draft_vocab_size, target.vocab_size, always=eos)
             if dist_info.is_main:

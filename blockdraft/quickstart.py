@@ -1,0 +1,172 @@
+"""`blockdraft quickstart`: the main job, end to end on the real assets.
+
+fetch the models and prompts -> regenerate a small training set with the target -> train a DFlash
+drafter (D-PACE) -> benchmark it on HumanEval against plain decoding, the small-AR draft and HF
+assisted generation -> check losslessness in float32 -> write the report.
+
+Every stage resumes: regeneration appends to its JSONL, training continues from its latest
+checkpoint, the benchmark skips prompts already measured. `--budget` (minutes) scales the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError
+
+BETTER_RECIPE = "recipes/cpu-qwen2.5-coder-0.5b.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each stage a budget buys (sized on the 2-core CPU; see README "Quickstart")."""
+
+    train_conversations: int
+    regen_tokens: int
+    train_steps: int
+    bench_prompts: int
+    bench_tokens: int
+
+    @classmethod
+    def for_budget(cls, minutes: float) -> "Plan":
+        if minutes <= 0:
+            raise ConfigError(f"--budget must be positive minutes, got {minutes}")
+        scale = min(1.0, minutes / 30.0)
+        return cls(train_conversations=max(8, int(64 * scale)), regen_tokens=max(32, int(192 * scale)),
+                   train_steps=max(10, int(400 * scale)), bench_prompts=max(1, int(3 * scale)),
+                   bench_tokens=max(32, int(128 * scale)))
+
+
+def _stage(name: str, started: float) -> None:
+    print(f"\n== quickstart [{(time.perf_counter() - started) / 60:5.1f} min] {name}", flush=True)
+
+
+def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen2.5-coder-1.5b-instruct",
+                   draft_model: str = "qwen2.5-coder-0.5b-instruct", train_prompts: str = "sharegpt-code",
+                   dataset: str = "humaneval", threads: int | None = None, fetch: bool = True) -> Path:
+    from . import assets
+    from .data.regen import regen, training_prompts
+    from .eval.bench import BenchConfig, run_bench
+    from .train.checkpoint import latest_checkpoint
+    from .train.config import TrainConfig
+    from .train.loop import train
+
+    started = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = Plan.for_budget(budget)
+    print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min -> {plan}", flush=True)
+    if threads:
+        torch.set_num_threads(threads)
+
+    if fetch:
+        _stage("fetch assets", started)
+        for name in (target, draft_model, dataset.split("=")[0], train_prompts):
+            if name in assets.ASSETS and not Path(name).exists():
+                assets.fetch(name)
+        if train_prompts == "sharegpt-code":
+            assets.fetch("sharegpt")
+
+    _stage(f"regenerate {plan.train_conversations} training answers with the target", started)
+    data = out / "regen.jsonl"
+    regen(target, training_prompts(train_prompts), plan.train_conversations, data,
+          max_new_tokens=plan.regen_tokens, batch_size=16, max_prompt_tokens=384)
+
+    _stage(f"train a DFlash drafter (D-PACE, {plan.train_steps} steps)", started)
+    config = TrainConfig(target=target, data=str(data), out_dir=str(out / "train"), max_length=768, num_layers=1,
+                         block_size=8, objective="dpace", lr=6e-4, max_steps=plan.train_steps, num_anchors=64,
+                         draft_vocab_size=32768, features="cached", save_every=max(10, plan.train_steps // 4),
+                         log_every=10, threads=threads)
+    drafter_dir = out / "train" / "final"
+    if not (drafter_dir / "model.safetensors").exists():
+        train(config, resume=latest_checkpoint(Path(config.out_dir)) is not None)
+
+    _stage(f"benchmark on {dataset} ({plan.bench_prompts} prompts, {plan.bench_tokens} new tokens)", started)
+    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir}", f"hf-assisted:{draft_model}")
+    bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
+                        max_new_tokens=plan.bench_tokens, dtype="bf16", threads=threads)
+    results = run_bench(bench, out / "bench")
+
+    _stage("check losslessness in float32", started)
+    lossless = check_lossless_fp32(target, drafter_dir, dataset, tokens=min(32, plan.bench_tokens))
+
+    summary = write_summary(out, results, lossless, time.perf_counter() - started)
+    _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
+    return out / "bench" / "report.md"
+
+
+def check_lossless_fp32(target_name: str, drafter_dir: Path, dataset: str, *, tokens: int) -> dict:
+    """Greedy DFlash output equals plain greedy on the first benchmark prompt, in float32."""
+    from . import generate, load_drafter, load_target
+    from .data.prompts import load_prompts
+    from .eval.bench import parse_dataset, render_chat
+
+    name, path = parse_dataset(dataset)
+    prompt = load_prompts(name, path=path, n=1)[0]
+    target = load_target(target_name, dtype="fp32")
+    ids = torch.tensor([render_chat(target.tokenizer, [{"role": "user", "content": prompt.turns[0]}])])
+    drafter = load_drafter(drafter_dir, target)
+    plain = generate(target, None, ids, max_new_tokens=tokens).tokens
+    spec = generate(target, drafter, ids, max_new_tokens=tokens).tokens
+    return {"prompt": prompt.id, "tokens": tokens, "identical": plain == spec}
+
+
+def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float) -> Path:
+    """A plain-language verdict next to the numbers, derived from results.json."""
+    from .eval import metrics as M
+
+    units = M.units_by_run(results)  # every dataset pooled
+    ar_units = units.get(("ar", None), {})
+    speedups = {run: M.speedup_estimate(ar_units, run_units) for run, run_units in units.items() if run[0] != "ar"}
+    taus = {run: M.tau_estimate(run_units) for run, run_units in units.items()}
+    lines = ["# blockdraft quickstart", "", f"Total time: {elapsed_s / 60:.1f} min. Full report: bench/report.md.", "",
+             "| run | tau | speedup vs plain decoding [95% CI] |", "|---|---|---|"]
+    for run in units:
+        tau = taus.get(run)
+        speed = speedups.get(run)
+        speed_text = "1 (baseline)" if run[0] == "ar" else _fmt(speed)
+        lines.append(f"| `{run[0]}` | {'n/a' if tau is None else f'{tau.value:.2f}'} | {speed_text} |")
+    lines.append("")
+    small = [s for run, s in speedups.items() if run[0].startswith("small-ar") and s is not None]
+    for run, speed in speedups.items():
+        if run[0].startswith("dflash") and speed is not None and speed.value < 1.0:
+            small_text = f" The small-AR draft reaches {_fmt(small[0])} on the same prompts." if small else ""
+            lines.append(f"**The drafter trained in this quickstart is slower than plain decoding ({_fmt(speed)}).** "
+                         f"A drafter trained for minutes on a CPU has seen a few thousand examples and needs far more."
+                         f"{small_text} Train a better one with `blockdraft train --config {BETTER_RECIPE}` "
+                         f"(README, section Study).")
+    lines.append("")
+    verdict = "identical" if lossless["identical"] else "DIFFERENT (please report this)"
+    lines.append(f"Float32 losslessness check on {lossless['prompt']} ({lossless['tokens']} tokens): "
+                 f"speculative output {verdict} to plain greedy decoding.")
+    path = out / "QUICKSTART.md"
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return path
+
+
+def _fmt(estimate) -> str:
+    if estimate is None:
+        return "n/a"
+    return f"{estimate.value:.2f}x [{estimate.low:.2f}, {estimate.high:.2f}]"
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("quickstart", help="the main job: fetch, regenerate, train, benchmark, report")
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget", type=float, default=30.0, help="minutes; smaller values for a quick look")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--train-prompts", default="sharegpt-code", help="sharegpt, sharegpt-code or a JSONL file")
+    p.add_argument("--dataset", default="humaneval", help="benchmark set: a shipped name or NAME=PATH")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-fetch", dest="fetch", action="store_false", help="use local folders, fetch nothing")
+    p.set_defaults(func=lambda args: print(json.dumps({"report": str(run_quickstart(
+        args.out, budget=args.budget, target=args.target, draft_model=args.draft_model,
+        train_prompts=args.train_prompts, dataset=args.dataset, threads=args.threads, fetch=args.fetch))})) or 0)

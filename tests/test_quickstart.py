@@ -1,0 +1,30 @@
+"""The quickstart pipeline end to end on tiny local models (the real run is the README's main job)."""
+
+import json
+
+from blockdraft.quickstart import Plan, run_quickstart
+from blockdraft.tiny import save_tiny_chat_model
+
+
+def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
+    model = save_tiny_chat_model(tmp_path / "tiny", hidden_size=32, num_layers=3)
+    words = " ".join(f"w{i}" for i in range(40))
+    (tmp_path / "train.jsonl").write_text("".join(
+        json.dumps({"id": str(i), "prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n" for i in range(20)))
+    (tmp_path / "he.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t/{i}", "prompt": f"{words[:20 + i]}"}) + "\n" for i in range(3)))
+    report = run_quickstart(tmp_path / "qs", budget=1.0, target=str(model), draft_model=str(model),
+                            train_prompts=str(tmp_path / "train.jsonl"), dataset=f"humaneval={tmp_path / 'he.jsonl'}",
+                            threads=1, fetch=False)
+    assert report.exists()
+    summary = (tmp_path / "qs" / "QUICKSTART.md").read_text()
+    assert "speculative output identical to plain greedy decoding" in summary
+    assert "`dflash:" in summary and "`small-ar:" in summary and "`hf-assisted:" in summary
+    results = json.loads((tmp_path / "qs" / "bench" / "results.json").read_text())
+    assert {r["method"].split(":")[0] for r in results["records"]} == {"ar", "small-ar", "dflash", "hf-assisted"}
+    assert (tmp_path / "qs" / "train" / "final" / "model.safetensors").exists()
+
+
+def test_budget_scales_the_plan():
+    small, full = Plan.for_budget(3), Plan.for_budget(30)
+    assert small.train_steps < full.train_steps and small.train_conversations < full.train_conversations
