@@ -17,7 +17,8 @@ def block_hidden(model: nn.Module, target: Target, features: torch.Tensor, block
     """
     n, block_size = blocks.block_ids.shape
     seq_len = features.shape[1]
-    embeds = target.embed_tokens(blocks.block_ids.reshape(1, -1))  # (1, n*B, H)
+    with torch.no_grad():  # the target's embeddings are frozen
+        embeds = target.embed_tokens(blocks.block_ids.reshape(1, -1))  # (1, n*B, H)
     mask = block_attention_mask(blocks.anchors, seq_len, block_size)  # (1, 1, n*B, S + n*B)
     context_positions = torch.arange(seq_len, device=features.device)[None]
     hidden = model(embeds, features, blocks.positions.reshape(1, -1), context_positions, attention_mask=mask)
