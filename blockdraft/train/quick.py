@@ -1,17 +1,15 @@
 """A few seconds of drafter training on a target's own greedy text (for the demo and tests).
 
-It uses the same block construction as the full trainer, with plain decayed cross-entropy; it
+It uses the same block construction as the full trainer, with the library's decayed cross-entropy (`losses.decay`); it
 exists so a tiny drafter can be shown accepting tokens without the full training stack.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
 from ..drafters.dflash import DFlashDrafter
+from ..losses import LossKnobs, decay
 from .blocks import build_blocks, sample_anchors
 from .forward import block_logits
 
@@ -34,7 +32,7 @@ def quick_fit(drafter: DFlashDrafter, sequences: list[torch.Tensor], *, steps: i
             out = target.model(ids, output_hidden_states=True)
             feats = torch.cat([out.hidden_states[l + 1] for l in drafter.target_layer_ids], dim=-1)
             cached.append((seq.to(target.device), feats))
-    weights = torch.tensor([math.exp(-k / gamma) for k in range(block_size - 1)], device=target.device)
+    knobs = LossKnobs(gamma=gamma)
     optimizer = torch.optim.AdamW(drafter.model.parameters(), lr=lr)
     drafter.model.train()
     losses = []
@@ -44,9 +42,7 @@ def quick_fit(drafter: DFlashDrafter, sequences: list[torch.Tensor], *, steps: i
         anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator).to(seq.device)
         blocks = build_blocks(seq, loss_mask, anchors, block_size, drafter.config.mask_token_id)
         logits = draft_logits_for_blocks(drafter, feats, blocks)  # (n, B-1, V)
-        ce = F.cross_entropy(logits.float().flatten(0, 1), blocks.labels.flatten(), reduction="none")
-        w = weights[None] * blocks.label_mask
-        loss = (ce.view_as(w) * w).sum() / w.sum().clamp_min(1.0)
+        loss = decay(logits, blocks.labels, blocks.label_mask, knobs=knobs).value()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
