@@ -127,7 +127,7 @@ def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | 
     target = load_target(target) if target is not None else None
     config = dspark_config(raw, num_target_layers=target.num_layers if target is not None else None)
     heads = dspark_heads_description(raw, state)
-    markov, confidence = build_heads(heads)
+    markov, confidence, _ = build_heads(heads)
     if target is not None:
         check_compatible(config, target)
         _check_target_copies(state, target)

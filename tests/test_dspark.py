@@ -21,7 +21,7 @@ from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
 from blockdraft.drafters.dspark import (HeadedDrafter, cost_aware_length, measure_verify_cost,
                                         save_headed_drafter)
-from blockdraft.drafters.heads import ConfidenceHead, MarkovHead
+from blockdraft.drafters.heads import ConfidenceHead, MarkovHead, SlotHead
 from blockdraft.dspark_import import import_dspark
 from blockdraft.train.dspark import dspark_heads, head_batch, train_heads
 from helpers import init_drafter, own_text, prompts, tiny_target, trained_drafter
@@ -473,3 +473,75 @@ def test_teacher_forced_heads_equal_the_drafting_loop(target, layout):
     assert torch.equal(batch["labels"][0], proposal.tokens) and batch["mask"].all()
     steps = train_heads(drafter, [sequence], steps=2, num_anchors=4)  # every variant and layout trains
     assert len(steps) == 2 and all(math.isfinite(x) for x in steps)
+
+
+# ------------------------------------------------------------------ generic slot heads (DeLS, Domino build on this)
+
+
+class PrefixCountHead(SlotHead):
+    """A toy slot head with state: adds table[x_{k-1}] scaled by how many slots it has seen."""
+
+    name = "prefixcount"
+
+    def __init__(self, vocab_size: int, out_vocab_size: int):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab_size, out_vocab_size)
+        torch.nn.init.normal_(self.table.weight, std=3.0)
+
+    def describe(self):
+        return {"vocab_size": self.table.num_embeddings, "out_vocab_size": self.table.embedding_dim}
+
+    def bind(self, backbone):
+        if self.table.embedding_dim != (backbone.config.draft_vocab_size or backbone.config.vocab_size):
+            raise ConfigError("prefixcount head built for another vocabulary")
+
+    def begin(self, anchor, hidden, base):
+        return 0
+
+    def step(self, k, prev, hidden_k, logits_k, state):
+        return logits_k + (1 + state) * self.table(prev).float(), state + 1
+
+
+def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkeypatch):
+    from blockdraft.drafters import heads as heads_module
+
+    monkeypatch.setitem(heads_module.SLOT_HEADS, "prefixcount",
+                        lambda spec: PrefixCountHead(spec["vocab_size"], spec["out_vocab_size"]))
+    backbone = init_drafter(target, num_layers=1, block_size=6, seed=4)
+    markov, confidence = random_heads(target, "linear", seed=4)
+    head = PrefixCountHead(target.vocab_size, target.vocab_size)
+    drafter = HeadedDrafter(backbone, markov, confidence, slot_heads=[head])
+    for prompt in prompts(2, seed=4):
+        result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
+        assert result.tokens == plain(target, prompt, 30)
+    # The head really changes the draft, and use_slot_heads=False drafts without it.
+    prompt = prompts(1, seed=5)[0]
+    on = list(proposals(target, drafter, prompt, SamplingConfig()))
+    off = list(proposals(target, HeadedDrafter(backbone, markov, confidence, slot_heads=[head],
+                                               use_slot_heads=False), prompt, SamplingConfig()))
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(on, off))
+    # Teacher forcing equals the drafting loop with the slot head on.
+    ids = prompts(1, seed=9)[0]
+    features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
+    drafter.reset(ids[:, :-1], features)
+    proposal = drafter.propose(ids, 5, SamplingConfig(), None)
+    sequence = torch.cat([ids[0], proposal.tokens])
+    out = target.features(sequence[None], drafter.target_layer_ids, with_logits=True)
+    with torch.no_grad():
+        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features, out.logits,
+                           torch.tensor([ids.shape[1] - 1]))
+    torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
+    # Saved beside the backbone under its own prefix and described in config.json.
+    save_headed_drafter(drafter, tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["heads"]["prefixcount"] == head.describe()
+    loaded = load_drafter(tmp_path / "d", target)
+    assert [h.name for h in loaded.slot_heads] == ["prefixcount"]
+    assert torch.equal(loaded.slot_heads[0].table.weight, head.table.weight)
+    with pytest.raises(ConfigError, match="another vocabulary"):
+        HeadedDrafter(backbone, slot_heads=[PrefixCountHead(target.vocab_size, 7)])
+    with pytest.raises(ConfigError, match="distinct names"):
+        HeadedDrafter(backbone, slot_heads=[head, head])
+    monkeypatch.delitem(heads_module.SLOT_HEADS, "prefixcount")
+    with pytest.raises(ConfigError, match="cannot attach"):
+        load_drafter(tmp_path / "d", target)

@@ -129,3 +129,18 @@ def test_too_little_disk_is_refused_before_writing(target, tmp_path, monkeypatch
         cache_features(target, sequences(), LAYERS, tmp_path / "cache", progress=False)
     assert "bytes per token" in capsys.readouterr().out
     assert not (tmp_path / "cache" / F.DATA_FILE).exists()
+
+
+def test_a_cache_serves_any_subset_of_its_layers(target, tmp_path):
+    data = sequences()
+    cache_features(target, data, [0, 1, 2], tmp_path, progress=False)
+    before = (tmp_path / F.DATA_FILE).read_bytes()
+    for subset in ([2], [2, 0], [1, 2]):
+        cache = cache_features(target, data, subset, tmp_path, progress=False)  # no recompute, no rewrite
+        assert cache.layer_ids == subset and cache.num_features == len(subset) * target.hidden_size
+        for i, item in enumerate(data):
+            expected = target.features(item.input_ids[None], subset).features.bfloat16()
+            assert torch.equal(cache.features(i), expected)
+    assert (tmp_path / F.DATA_FILE).read_bytes() == before
+    with pytest.raises(FeatureCacheError, match="target layers"):
+        FeatureCache(tmp_path, layer_ids=[1, 3])

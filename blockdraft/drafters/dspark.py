@@ -31,7 +31,7 @@ from ..decode.sampling import choose
 from ..target import Target
 from .base import Proposal
 from .dflash import DFlashDrafter
-from .heads import ConfidenceHead, MarkovHead, build_heads
+from .heads import ConfidenceHead, MarkovHead, SlotHead, build_heads
 
 VerifyCost = Sequence[float] | Mapping[int, float] | Callable[[int], float]
 
@@ -40,10 +40,14 @@ class HeadedDrafter:
     """A `DFlashDrafter` backbone with an optional Markov head and confidence head passed in."""
 
     def __init__(self, backbone: DFlashDrafter, markov: MarkovHead | None = None,
-                 confidence: ConfidenceHead | None = None, *, confidence_threshold: float = 0.0,
-                 use_markov: bool = True, verify_cost: VerifyCost | None = None, draft_cost: float | None = None):
-        """`verify_cost` turns on cost-aware pruning: t_verify(k) for k = 0..max_proposals (seconds, or any
-        unit shared with `draft_cost`). `draft_cost` None = this round's measured drafting time."""
+                 confidence: ConfidenceHead | None = None, *, slot_heads: Sequence[SlotHead] = (),
+                 confidence_threshold: float = 0.0, use_markov: bool = True, use_slot_heads: bool = True,
+                 verify_cost: VerifyCost | None = None, draft_cost: float | None = None):
+        """`slot_heads` rescore each slot after the Markov bias, in order (DeLS-Spec fusion, Domino; see
+        `heads.SlotHead`). `use_markov` / `use_slot_heads` = False keep the heads loaded but draft without
+        them (the on/off comparisons). `verify_cost` turns on cost-aware pruning: t_verify(k) for
+        k = 0..max_proposals (seconds, or any unit shared with `draft_cost`). `draft_cost` None = this
+        round's measured drafting time."""
         config = backbone.config
         if not (isinstance(confidence_threshold, (int, float)) and 0.0 <= confidence_threshold <= 1.0):
             raise ConfigError(f"confidence_threshold must lie in [0, 1] (0 = no pruning), got {confidence_threshold!r}")
@@ -69,7 +73,14 @@ class HeadedDrafter:
                 raise ConfigError(f"the confidence head reads rank-{confidence.markov_rank} Markov features "
                                   f"(W1[x_prev]) but the Markov head is "
                                   f"{'missing' if markov is None else f'rank {markov.rank}'}")
+        names = [head.name for head in slot_heads]
+        if len(set(names)) != len(names) or {"markov", "confidence"} & set(names):
+            raise ConfigError(f"slot heads need distinct names other than markov/confidence, got {names}")
+        for head in slot_heads:
+            head.bind(backbone)
         self.backbone = backbone
+        self.slot_heads = list(slot_heads)
+        self.use_slot_heads = use_slot_heads
         self.markov = markov
         self.confidence = confidence
         self.confidence_threshold = float(confidence_threshold)
@@ -89,9 +100,15 @@ class HeadedDrafter:
         return self.backbone.target
 
     def heads(self) -> dict[str, torch.nn.Module]:
-        """The heads by checkpoint name (`markov_head.*`, `confidence_head.*`)."""
-        return {name: head for name, head in (("markov", self.markov), ("confidence", self.confidence))
-                if head is not None}
+        """The heads by checkpoint name (`markov_head.*`, `confidence_head.*`, `{name}_head.*`)."""
+        heads = {name: head for name, head in (("markov", self.markov), ("confidence", self.confidence))
+                 if head is not None}
+        heads.update((head.name, head) for head in self.slot_heads)
+        return heads
+
+    @property
+    def active_slot_heads(self) -> list[SlotHead]:
+        return self.slot_heads if self.use_slot_heads else []
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         self.backbone.reset(prompt_ids, prompt_features)
@@ -112,6 +129,8 @@ class HeadedDrafter:
         need_features = pruning and self.confidence.with_markov
         prev = ids[0, -1]  # the anchor: the previous token of the first slot (target id)
         state = markov.initial_state(()) if markov is not None else None
+        slot_heads = self.active_slot_heads
+        head_states = [h.begin(prev, hidden, base) for h in slot_heads]
         tokens, dists, step_logits, confidences = [], [], [], []
         unconfident = False  # a slot so far had c_k < threshold
         for k in range(k_max):
@@ -126,6 +145,9 @@ class HeadedDrafter:
             if markov is not None:
                 bias, state = markov.step(prev, hidden[k], state)
                 logits = logits + bias.float()  # U_k + W2(W1[x_{k-1}])
+            for i, slot_head in enumerate(slot_heads):
+                logits, head_states[i] = slot_head.step(k, prev, hidden[k], logits, head_states[i])
+                logits = logits.float()
             token, q_k = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
             tokens.append(token)
             dists.append(q_k)
@@ -235,12 +257,12 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, **options) -> 
     """Compose the heads described in the checkpoint's config.json onto a loaded backbone."""
     from ..checkpoints import WEIGHTS_NAME, head_prefix
 
-    markov, confidence = build_heads(backbone.config.extra.get("heads") or {})
+    markov, confidence, slot_heads = build_heads(backbone.config.extra.get("heads") or {})
     weights = Path(path) / WEIGHTS_NAME
     missing, unexpected = [], []
     with safe_open(str(weights), "pt") as handle:
         keys = list(handle.keys())
-        for name, head in (("markov", markov), ("confidence", confidence)):
+        for name, head in (("markov", markov), ("confidence", confidence), *((h.name, h) for h in slot_heads)):
             if head is not None:
                 prefix = head_prefix(name)
                 state = {key[len(prefix):]: handle.get_tensor(key) for key in keys if key.startswith(prefix)}
@@ -250,10 +272,10 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, **options) -> 
         raise ConfigError(f"{weights}: the heads described in config.json do not match its tensors: "
                           f"missing {missing}, unexpected {unexpected}")
     target = backbone.target
-    for head in (markov, confidence):
+    for head in (markov, confidence, *slot_heads):
         if head is not None:
             head.to(device=target.device, dtype=target.dtype).eval()
-    return HeadedDrafter(backbone, markov, confidence, **options)
+    return HeadedDrafter(backbone, markov, confidence, slot_heads=slot_heads, **options)
 
 
 def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], prefix: str = ""

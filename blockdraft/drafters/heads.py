@@ -25,7 +25,7 @@ Module names equal the released DSpark keys once prefixed by the head's name:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -151,13 +151,89 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1).float()
 
 
-def build_heads(description: Mapping[str, Any]) -> tuple[MarkovHead | None, ConfidenceHead | None]:
-    """Heads from the `heads` entry of `config.json` (the output of their `describe()`)."""
-    unknown = sorted(set(description) - {"markov", "confidence"})
+class SlotHead(nn.Module):
+    """A head that rescores slot k's draft logits from the tokens drafted before it (left to right).
+
+    The Markov head above is the DSpark case; DeLS-Spec's local-head fusion and Domino's GRU residual
+    are others. A subclass sets `name` (its key under `heads` in config.json; its tensors are saved
+    under `{name}_head.`) and implements:
+
+      bind(backbone)                                  check it fits this DFlashDrafter, capture what it reads
+      begin(anchor, hidden, base) -> state            once per block: anchor () target id, hidden (K, H),
+                                                      base (K, V_draft) backbone logits U_k
+      step(k, prev, hidden_k, logits_k, state)        slot k: prev () target id of x_{k-1} (x_0 = anchor),
+          -> (logits_k, state)                        logits_k (V_draft) after the heads before this one
+      block_logits(prev, hidden, logits) -> (N, K, V) teacher forced (training): prev (N, K) target ids,
+                                                      hidden (N, K, H), logits (N, K, V_draft); must equal
+                                                      running `step` over each block
+      describe() -> dict                              the config.json entry its builder reads back
+
+    Heads are applied in order after the Markov bias; the final logits give the drafted token and,
+    when sampling, its distribution q_k, which the verifier uses, so any head keeps decoding lossless.
+    """
+
+    name = "slot"
+
+    def bind(self, backbone) -> None:  # noqa: D401 - optional hook
+        """Refuse a backbone this head cannot serve (ConfigError); default: accept any."""
+
+    def begin(self, anchor: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> Any:
+        return None
+
+    def step(self, k: int, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor, state: Any
+             ) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def block_logits(self, prev: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Default: run `step` slot by slot over each block (subclasses may vectorise)."""
+        out = []
+        for n in range(prev.shape[0]):
+            state = self.begin(prev[n, 0], hidden[n], logits[n])
+            row = []
+            for k in range(prev.shape[1]):
+                logits_k, state = self.step(k, prev[n, k], hidden[n, k], logits[n, k], state)
+                row.append(logits_k)
+            out.append(torch.stack(row))
+        return torch.stack(out)
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+#: name in config.json `heads` -> builder(spec) for the slot heads beyond Markov/confidence.
+SLOT_HEADS: dict[str, Callable[[Mapping[str, Any]], SlotHead]] = {}
+
+
+def register_slot_head(name: str, builder: Callable[[Mapping[str, Any]], SlotHead]) -> None:
+    """Make `build_heads` rebuild heads saved under `name` (call at import of the head's module)."""
+    if name in ("markov", "confidence"):
+        raise ValueError(f"{name!r} is a built-in head name")
+    SLOT_HEADS[name] = builder
+
+
+def _import_head_modules() -> None:
+    """Import the modules that register slot heads, so a saved checkpoint can name any of them."""
+    import importlib
+
+    for module in ("blockdraft.drafters.local_head", "blockdraft.drafters.domino"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+
+
+def build_heads(description: Mapping[str, Any]) -> tuple[MarkovHead | None, ConfidenceHead | None, list[SlotHead]]:
+    """Heads from the `heads` entry of `config.json` (the output of their `describe()`):
+    (Markov head, confidence head, the other slot heads in their saved order)."""
+    _import_head_modules()
+    known = {"markov", "confidence", *SLOT_HEADS}
+    unknown = sorted(set(description) - known)
     if unknown:
         raise ConfigError(f"config.json describes heads {unknown} that this drafter cannot attach; known heads: "
-                          "markov, confidence")
+                          f"{', '.join(sorted(known))}")
     markov = confidence = None
+    slot_heads: list[SlotHead] = []
     try:
         if "markov" in description:
             spec = description["markov"]
@@ -167,6 +243,9 @@ def build_heads(description: Mapping[str, Any]) -> tuple[MarkovHead | None, Conf
         if "confidence" in description:
             spec = description["confidence"]
             confidence = ConfidenceHead(int(spec["hidden_size"]), int(spec.get("markov_rank", 0)))
+        for name, spec in description.items():
+            if name in SLOT_HEADS:
+                slot_heads.append(SLOT_HEADS[name](spec))
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"config.json has a malformed `heads` entry ({err!r}): {dict(description)}") from None
-    return markov, confidence
+    return markov, confidence, slot_heads

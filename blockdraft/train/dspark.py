@@ -85,6 +85,8 @@ def head_batch(drafter: HeadedDrafter, input_ids: Tensor, loss_mask: Tensor, fea
     logits = base
     if drafter.markov is not None and drafter.use_markov:
         logits = base + drafter.markov.block_bias(prev, hidden.to(drafter.markov.markov_w2.weight.dtype)).float()
+    for slot_head in drafter.active_slot_heads:
+        logits = slot_head.block_logits(prev, hidden, logits).float()
     confidence = None
     if drafter.confidence is not None:
         features_prev = drafter.markov.prev_embeddings(prev) if drafter.confidence.with_markov else None

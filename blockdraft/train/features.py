@@ -81,6 +81,10 @@ def _check_identity(index: dict, expected: dict, out_dir: Path) -> None:
                                     f"overwritten)")
 
 
+def _is_subset(layer_ids: Sequence[int], cached: Sequence[int] | None) -> bool:
+    return cached is not None and all(int(layer) in cached for layer in layer_ids)
+
+
 def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: Sequence[int],
                    out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, flush_seconds: float = 10.0,
                    progress: bool = True) -> "FeatureCache":
@@ -110,6 +114,12 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     index = _read_index(out_dir)
+    if index is not None and index.get("complete") and _is_subset(layer_ids, index.get("layer_ids")):
+        # A finished cache of more layers serves any subset of them (the lever study reads one cache).
+        _check_identity(index, {**header, "layer_ids": index["layer_ids"]}, out_dir)
+        print(f"features: {out_dir} is complete and holds layers {index['layer_ids']}; reading {layer_ids}",
+              file=sys.stderr)
+        return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset)
     if index is not None:
         _check_identity(index, header, out_dir)
         if index["complete"]:
@@ -189,17 +199,24 @@ class FeatureCache:
         if not index["complete"] and not allow_incomplete:
             raise FeatureCacheError(f"{self.out_dir} is unfinished ({index['done']} of {index['num_sequences']} "
                                     f"sequences); run cache_features again with the same arguments to resume it")
+        self.columns: torch.Tensor | None = None  # feature columns read when serving a subset of the layers
         if layer_ids is not None and [int(layer) for layer in layer_ids] != index["layer_ids"]:
-            raise FeatureCacheError(f"{self.out_dir} holds target layers {index['layer_ids']}, not {list(layer_ids)}; "
-                                    f"cache the features again for these layers or train with online features")
+            if not _is_subset(layer_ids, index["layer_ids"]):
+                raise FeatureCacheError(f"{self.out_dir} holds target layers {index['layer_ids']}, not "
+                                        f"{list(layer_ids)}; cache the features again for these layers or train "
+                                        f"with online features")
+            hidden = index["hidden_size"]
+            self.columns = torch.cat([torch.arange(hidden) + index["layer_ids"].index(int(layer)) * hidden
+                                      for layer in layer_ids])
         if dataset is not None and fingerprint_of(dataset) != index["fingerprint"]:
             raise FeatureCacheError(f"{self.out_dir} was cached for another data set (fingerprint "
                                     f"{index['fingerprint']}, this one {fingerprint_of(dataset)}): the tokenizer, "
                                     f"max_length or data file differ; cache the features again")
         self.index = index
-        self.layer_ids: list[int] = index["layer_ids"]
+        self.layer_ids: list[int] = [int(layer) for layer in layer_ids] if self.columns is not None \
+            else index["layer_ids"]
         self.hidden_size: int = index["hidden_size"]
-        self.num_features: int = index["num_features"]
+        self.num_features: int = len(self.layer_ids) * self.hidden_size
         self.dtype: torch.dtype = TORCH_DTYPES[index["dtype"]]
         self.target_name: str = index["target"]
         self.lengths: list[int] = index["lengths"]
@@ -209,16 +226,18 @@ class FeatureCache:
         # Copy-on-write mapping: pages are shared with the page cache, and a stray in-place write
         # changes only this process's copy, never the file.
         self._rows = np.memmap(self.out_dir / DATA_FILE, dtype=storage, mode="c",
-                               shape=(index["total_tokens"], self.num_features))
+                               shape=(index["total_tokens"], index["num_features"]))
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def features(self, i: int) -> torch.Tensor:
-        """(1, S_i, F) in the cache's dtype, a view of the mapped file."""
+        """(1, S_i, F) in the cache's dtype: a view of the mapped file, or a copy of the selected layers' columns."""
         if not 0 <= i < self.done:
             raise IndexError(f"sequence {i} is not in the cache (it holds {self.done} of {len(self)})")
         rows = torch.from_numpy(self._rows[self.offsets[i]:self.offsets[i + 1]])  # (S_i, F)
         if self.dtype == torch.bfloat16:
             rows = rows.view(torch.bfloat16)
+        if self.columns is not None:
+            rows = rows[:, self.columns]
         return rows[None]
