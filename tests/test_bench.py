@@ -177,3 +177,51 @@ def test_config_validation_and_identity():
                 dict(methods=("hf-prompt-lookup:x",)), dict(datasets=("gsm8k", "gsm8k"))):
         with pytest.raises(ConfigError):
             BenchConfig(**{"target": "t", "methods": ("ar",), "datasets": ("gsm8k",), **bad})
+
+
+def test_dflash_options_switch_heads_and_prune(assets, tmp_path):
+    """`dflash:PATH,markov=off` and `,threshold=T` are runs of one headed checkpoint: lossless in fp32, the
+    threshold run proposes one token per round (its confidence head always says 0.5), and the report shows the
+    verification cost of each."""
+    import math
+
+    import torch
+
+    from blockdraft.drafters.dspark import HeadedDrafter, save_headed_drafter
+    from blockdraft.drafters.heads import ConfidenceHead, MarkovHead
+
+    target = load_target(assets / "target", dtype="fp32")
+    backbone = init_drafter(target, num_layers=1, block_size=4, seed=1)
+    torch.manual_seed(0)
+    markov, confidence = MarkovHead(target.vocab_size, 8), ConfidenceHead(target.hidden_size, 8)
+    with torch.no_grad():
+        markov.markov_w2.weight.normal_(0.0, 2.0)  # a bias that changes the draft
+        confidence.proj.weight.zero_()
+        confidence.proj.bias.fill_(math.log(0.5 / 0.5))  # c_k = 0.5 everywhere
+    save_headed_drafter(HeadedDrafter(backbone, markov, confidence), tmp_path / "headed")
+    headed = str(tmp_path / "headed")
+    methods = [f"dflash:{headed}", f"dflash:{headed},markov=off", f"dflash:{headed},threshold=0.7"]
+    out = tmp_path / "run"
+    assert main(bench_args(assets, out, methods=methods, n="2", tokens="12")) == 0
+    results = json.loads((out / "results.json").read_text())
+    info = results["methods"]
+    assert info[methods[1]]["options"] == {"markov": "off"} and set(info[methods[0]]["heads"]) == {"markov",
+                                                                                                    "confidence"}
+    by_method = {run[0]: units for run, units in M.units_by_run(results).items()}
+    proposed = {m: [p for r in M.flat(by_method[m]) for p in r["rounds"]["proposed"]] for m in methods}
+    assert set(proposed[methods[2]]) - {0} == {1} and max(proposed[methods[0]]) == 3  # 0: the budget's last round
+    drafts = {m: [t for r in M.flat(by_method[m]) for t in r["rounds"]["draft_tokens"]] for m in methods[:2]}
+    assert drafts[methods[0]] != drafts[methods[1]]  # the Markov head really was switched off
+    assert all(a.differing == 0 for a in M.greedy_agreement(results).values())
+    report = (out / "report.md").read_text()
+    assert "## Verification cost" in report
+    cost = M.verification_cost(M.flat(by_method[methods[2]]))
+    assert 0.5 < cost.mean_proposed <= 1.0 and cost.cost == pytest.approx((cost.mean_proposed + 1) / cost.tau)
+    for bad, message in ((f"dflash:{headed},foo=1", "not one of"), (f"dflash:{headed},threshold=2", r"\[0, 1\]"),
+                         (f"dflash:{headed},markov=maybe", "on or off"), (f"dflash:{assets / 'dflash'},markov=off",
+                                                                         "need a drafter with heads")):
+        with pytest.raises(ConfigError, match=message):
+            from blockdraft.eval.methods import build_runners, parse_method
+            parse_method(bad)
+            build_runners((bad,), None, target, BenchConfig(target="x", methods=("ar",), datasets=("humaneval",))
+                          .sampling)

@@ -5,7 +5,13 @@ Spec strings (`blockdraft bench --method ...`):
 - `ar`: plain decoding through our loop (no drafter), the speedup baseline;
 - `small-ar[:NAME_OR_PATH]`: our loop with a small causal LM drafting K tokens one by one
   (default draft `qwen2.5-coder-0.5b-instruct`; B = 5 unless `--block-size` says otherwise);
-- `dflash:PATH`: our loop with a DFlash drafter checkpoint (several allowed; default B = its own);
+- `dflash:PATH[,option=value...]`: our loop with a DFlash drafter checkpoint (several allowed; default
+  B = its own). Options for checkpoints with heads (`DFLASH_OPTIONS`): `markov=on|off` (draft with or
+  without the DSpark Markov head), `heads=on|off` (the other slot heads: DeLS fusion, Domino),
+  `threshold=T` (confidence pruning at T in [0, 1]), `cost=measured` (cost-aware pruning against a
+  verify-cost curve timed on this machine at load), so `dflash:D,markov=off` and
+  `dflash:D,threshold=0.5` are separate runs of one checkpoint (the Markov on/off comparison and the
+  confidence sweep);
 - `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
   defaults (20 candidates, constant schedule, confidence stop 0.4), same default draft;
 - `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10).
@@ -45,7 +51,7 @@ KINDS = ("ar", "small-ar", "dflash", "hf-assisted", "hf-prompt-lookup")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
-SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH, hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,53 @@ class MethodSpec:
         return self.kind in ("small-ar", "dflash")
 
 
+DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": None, "cost": ("measured",)}
+
+
+def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
+    """`PATH[,key=value...]` -> (PATH, options), validated (see the module doc)."""
+    path, *parts = arg.split(",")
+    options: dict[str, str] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in DFLASH_OPTIONS:
+            raise ConfigError(f"dflash option {part!r} is not one of {', '.join(f'{k}=...' for k in DFLASH_OPTIONS)}")
+        allowed = DFLASH_OPTIONS[key]
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"dflash option {key} takes {' or '.join(allowed)}, got {value!r}")
+        if key == "threshold":
+            try:
+                threshold = float(value)
+            except ValueError:
+                threshold = float("nan")
+            if not 0.0 <= threshold <= 1.0:
+                raise ConfigError(f"dflash option threshold must be a number in [0, 1], got {value!r}")
+        if key in options:
+            raise ConfigError(f"dflash option {key} is given twice in {arg!r}")
+        options[key] = value
+    if not path.strip():
+        raise ConfigError(f"method dflash needs the drafter folder first: dflash:PATH[,option=value], got {arg!r}")
+    return path.strip(), options
+
+
+def _with_options(drafter, options: dict[str, str], target: Target, path: str):
+    """The loaded drafter re-composed with the options' head switches and pruning."""
+    from ..drafters.dspark import HeadedDrafter, measure_verify_cost
+
+    if not options:
+        return drafter
+    if not isinstance(drafter, HeadedDrafter):
+        raise ConfigError(f"dflash options {sorted(options)} need a drafter with heads; {path} has none")
+    verify_cost = None
+    if options.get("cost") == "measured":
+        verify_cost = measure_verify_cost(target, list(range(drafter.max_proposals + 1)))
+    return HeadedDrafter(drafter.backbone, drafter.markov, drafter.confidence, slot_heads=drafter.slot_heads,
+                         use_markov=options.get("markov", "on") == "on",
+                         use_slot_heads=options.get("heads", "on") == "on",
+                         confidence_threshold=float(options.get("threshold", 0.0)), verify_cost=verify_cost)
+
+
 def parse_method(text: str) -> MethodSpec:
     kind, _, arg = text.strip().partition(":")
     arg = arg.strip() or None
@@ -73,6 +126,8 @@ def parse_method(text: str) -> MethodSpec:
         raise ConfigError(f"method 'ar' takes no argument, got {text!r}")
     if kind == "dflash" and arg is None:
         raise ConfigError("method 'dflash' needs the drafter folder: dflash:PATH")
+    if kind == "dflash":
+        dflash_options(arg)  # validated now, before any model loads
     if kind in ("small-ar", "hf-assisted") and arg is None:
         arg = DEFAULT_DRAFT
     if kind == "hf-prompt-lookup":
@@ -264,13 +319,15 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             info[spec.name] = {"kind": "ar"}
         elif spec.kind in ("small-ar", "dflash"):
             if spec.kind == "dflash":
-                drafter = load_drafter(spec.arg, target)
+                path, options = dflash_options(spec.arg)
+                drafter = _with_options(load_drafter(path, target), options, target, path)
                 native = drafter.max_proposals + 1
                 cfg = drafter.config
-                info[spec.name] = {"kind": "dflash", "path": spec.arg, "block_size": cfg.block_size,
+                info[spec.name] = {"kind": "dflash", "path": path, "block_size": cfg.block_size,
                                    "layout": cfg.layout, "num_hidden_layers": cfg.num_hidden_layers,
                                    "target_layer_ids": list(cfg.target_layer_ids),
-                                   "draft_vocab_size": cfg.draft_vocab_size}
+                                   "draft_vocab_size": cfg.draft_vocab_size,
+                                   "heads": cfg.extra.get("heads") or {}, "options": options}
             else:
                 native = DEFAULT_SMALL_AR_BLOCK
                 draft = draft_model(spec.arg)
@@ -279,7 +336,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             for block_size in block_sizes or (native,):
                 if spec.kind == "dflash" and block_size > native:
                     raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
-                                      f"{spec.arg} proposes at most {native - 1} (its block size is {native}); "
+                                      f"{path} proposes at most {native - 1} (its block size is {native}); "
                                       f"use --block-size <= {native}")
                 if spec.kind == "small-ar":
                     drafter = SmallARDrafter(draft_model(spec.arg), target, num_proposals=block_size - 1)

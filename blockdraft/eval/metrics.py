@@ -21,6 +21,8 @@ dataset with all its turns, the resampling unit of the bootstrap):
   *wasted* counts drafts after the first rejection that equal the later-committed token. A draft
   slot beyond the end of the generation has no reference token: it counts as not correct and is
   reported as *unknown*.
+- **verification cost** = (mean proposed per round + 1) / tau: target positions verified per
+  committed token (seed 001 §6; the confidence sweep's cost axis).
 - **surrogate check**: per round, S~ = Σ_k Π_{i≤k} q_i of the drafter's probabilities of its own
   proposals (D-PACE Eq. 4, `acceptance.expected_accept_length`), against the realised emitted
   length; Spearman rho (scipy) over all rounds of a run.
@@ -225,6 +227,25 @@ class Surrogate:
     rho: float
     p_value: float
     blocks: int
+
+
+@dataclass(frozen=True)
+class VerificationCost:
+    rounds: int
+    mean_proposed: float  # drafted tokens sent to verification per round (gamma in seed 001 §6)
+    tau: float
+    cost: float  # (mean proposed + 1) / tau: target positions verified per committed token
+
+
+def verification_cost(records: Iterable[Mapping]) -> VerificationCost | None:
+    """Seed 001 §6 / SPEC §6: (proposed + 1) / tau, pooled over every round of the records."""
+    rounds = _rounds(records)
+    proposed = [p for r in rounds for p in r["proposed"]]
+    emitted = [e for r in rounds for e in r["emitted"]]
+    if not proposed or not any(proposed):
+        return None
+    mean_proposed, tau = float(np.mean(proposed)), float(np.sum(emitted)) / len(emitted)
+    return VerificationCost(len(proposed), mean_proposed, tau, (mean_proposed + 1.0) / tau)
 
 
 def surrogate_values(q_rows: list[list[float]]) -> np.ndarray:

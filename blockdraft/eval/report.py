@@ -157,6 +157,23 @@ def _utilisation_section(results: Mapping) -> list[str]:
             + _table(["dataset", "run", "slots", "accept %", "correct %", "waste %", "unknown slots"], rows) + [""])
 
 
+def _verification_cost_section(results: Mapping) -> list[str]:
+    rows = []
+    for dataset in _datasets(results):
+        for run, units in M.units_by_run(results, dataset).items():
+            cost = M.verification_cost(M.flat(units))
+            if cost is not None:
+                rows.append([dataset, f"`{M.run_label(run)}`", str(cost.rounds), _fmt(cost.mean_proposed),
+                             _fmt(cost.tau), _fmt(cost.cost)])
+    if not rows:
+        return []
+    return (["## Verification cost", "",
+             "Per run: drafted tokens verified per round (proposed), tau, and (proposed + 1) / tau = target positions "
+             "verified per committed token (seed 001 §6). Runs of one checkpoint at several `threshold=` values form "
+             "the confidence sweep.", ""]
+            + _table(["dataset", "run", "rounds", "proposed", "tau", "(proposed + 1) / tau"], rows) + [""])
+
+
 def _surrogate_section(results: Mapping) -> list[str]:
     rows = []
     for dataset in _datasets(results):
@@ -316,6 +333,7 @@ def render_markdown(results: Mapping, plots: list[str]) -> str:
     lines += _speed_section(results, plots)
     lines += _acceptance_section(results, plots)
     lines += _utilisation_section(results)
+    lines += _verification_cost_section(results)
     lines += _surrogate_section(results)
     lines += _tau_vs_k_section(results, plots)
     lines += _agreement_section(results)
