@@ -253,8 +253,10 @@ def save_headed_drafter(drafter: HeadedDrafter, out_dir: str | Path, **kwargs) -
     save_drafter(drafter.backbone.model, out_dir, heads=drafter.heads(), **kwargs)
 
 
-def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, **options) -> HeadedDrafter:
-    """Compose the heads described in the checkpoint's config.json onto a loaded backbone."""
+def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torch.dtype | None = None,
+                       **options) -> HeadedDrafter:
+    """Compose the heads described in the checkpoint's config.json onto a loaded backbone (heads in
+    `dtype`, default the target's; a trainer resuming keeps its float32 master weights)."""
     from ..checkpoints import WEIGHTS_NAME, head_prefix
 
     markov, confidence, slot_heads = build_heads(backbone.config.extra.get("heads") or {})
@@ -274,7 +276,7 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, **options) -> 
     target = backbone.target
     for head in (markov, confidence, *slot_heads):
         if head is not None:
-            head.to(device=target.device, dtype=target.dtype).eval()
+            head.to(device=target.device, dtype=dtype or target.dtype).eval()
     return HeadedDrafter(backbone, markov, confidence, slot_heads=slot_heads, **options)
 
 

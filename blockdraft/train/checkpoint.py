@@ -26,12 +26,14 @@ class TrainingError(RuntimeError):
 
 
 def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlashConfig,
-                    optimizer: torch.optim.Optimizer, step: int, config: TrainConfig) -> Path:
+                    optimizer: torch.optim.Optimizer, step: int, config: TrainConfig,
+                    heads: dict[str, torch.nn.Module] | None = None) -> Path:
+    """`heads` (name -> module) go into the same file under `{name}_head.` (`checkpoints.save_drafter`)."""
     folder = out_dir / "checkpoints" / f"step_{step:06d}"
     # The optimizer state goes in through a temporary file so the folder rename stays the commit point.
     staging = out_dir / f".train_state.{step}.pt"
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key()}, staging)
-    save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()})
+    save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads)
     os.replace(staging, folder / "train_state.pt")
     pointer = out_dir / "latest.json"
     tmp = out_dir / ".latest.json.tmp"

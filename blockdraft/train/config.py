@@ -36,6 +36,16 @@ class TrainConfig:
     alpha_c: float = 40.0
     l2r_gamma: float = 10.0
     normalisation: str | None = None
+    # heads composed onto the backbone and what trains (train/heads.py): heads = {name: options} with
+    # names markov / confidence / domino, e.g. {"markov": {"rank": 256, "variant": "linear"}, "confidence": {},
+    # "domino": {"gru_size": 1024, "rank": 256}}; train_backbone=false freezes the drafter_init backbone
+    heads: dict[str, dict[str, Any]] | None = None
+    train_backbone: bool = True
+    # the domino objective: Spec-AUF Table 3 support variant, λ annealed start -> end over a fraction of max_steps
+    domino_variant: str = "decay"
+    domino_lambda_start: float = 1.0
+    domino_lambda_end: float = 0.0
+    domino_anneal_ratio: float = 1.0
     # optimisation (D-PACE App. C / SPEC §5 recipe defaults)
     lr: float = 6e-4
     warmup_ratio: float = 0.04
@@ -66,9 +76,14 @@ class TrainConfig:
         if self.target_layer_ids is not None:
             object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         from ..losses import LOSSES
+        from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
 
-        if self.objective not in LOSSES:
-            raise ConfigError(f"unknown objective {self.objective!r}; choose one of {sorted(LOSSES)}")
+        if self.objective not in LOSSES and self.objective not in HEAD_OBJECTIVES:
+            raise ConfigError(f"unknown objective {self.objective!r}; choose one of "
+                              f"{sorted(LOSSES) + list(HEAD_OBJECTIVES)}")
+        object.__setattr__(self, "heads", normalise_heads(self.heads))
+        if not isinstance(self.train_backbone, bool):
+            raise ConfigError(f"train_backbone must be true or false, got {self.train_backbone!r}")
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         positive = ("max_length", "num_layers", "max_steps", "grad_accum", "sequences_per_step", "num_anchors",
@@ -85,6 +100,7 @@ class TrainConfig:
         if self.max_length < self.block_size + 1:
             raise ConfigError(f"max_length ({self.max_length}) must exceed block_size ({self.block_size})")
         self.loss_knobs()  # validates the knobs
+        check_head_config(self)
 
     def loss_knobs(self):
         from ..losses import LossKnobs

@@ -16,6 +16,8 @@ target_logits)` arguments, so it lives here rather than in `losses.LOSSES`.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -64,12 +66,16 @@ def dspark_heads(draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_l
     return LossTerms((w * per_slot).sum(), den, extras)
 
 
-def head_batch(drafter: HeadedDrafter, input_ids: Tensor, loss_mask: Tensor, features: Tensor, target_logits: Tensor,
-               anchors: Tensor) -> dict[str, Tensor]:
+def head_batch(drafter: HeadedDrafter, input_ids: Tensor, loss_mask: Tensor, features: Tensor,
+               target_logits: Tensor | None, anchors: Tensor, *, model: torch.nn.Module | None = None,
+               train_backbone: bool = False, with_base: bool = False) -> dict[str, Tensor]:
     """Teacher-forced inputs of `dspark_heads` for the blocks opened at `anchors` of one sequence.
 
-    input_ids, loss_mask (S,); features (1, S, F); target_logits (1, S, V). The backbone runs without
-    gradient; the heads see the true previous tokens (the anchor, then the labels).
+    input_ids, loss_mask (S,); features (1, S, F); target_logits (1, S, V) or None (then the
+    returned "target_logits" is None). The backbone runs without gradient unless `train_backbone`
+    (joint training; `model` = its DDP wrapper, default `drafter.backbone.model`); the heads see
+    the true previous tokens (the anchor, then the labels). `with_base` adds "base_logits", the
+    backbone's own U_k (Domino's base branch).
     """
     backbone = drafter.backbone
     first_slot = backbone.first_predicting_slot
@@ -78,8 +84,9 @@ def head_batch(drafter: HeadedDrafter, input_ids: Tensor, loss_mask: Tensor, fea
     full = build_blocks(input_ids, loss_mask, anchors, K + 1, backbone.config.mask_token_id)
     blocks = Blocks(full.block_ids[:, :K + first_slot], full.positions[:, :K + first_slot], full.labels,
                     full.label_mask, anchors)
-    with torch.no_grad():
-        hidden = block_hidden(backbone.model, backbone.target, features, blocks)[:, first_slot:]  # (n, K, H)
+    with contextlib.nullcontext() if train_backbone else torch.no_grad():
+        hidden = block_hidden(model if model is not None else backbone.model, backbone.target, features,
+                              blocks)[:, first_slot:]  # (n, K, H)
         base = backbone.head(hidden).float()  # (n, K, V_draft) U_k
     prev = torch.cat([input_ids[anchors][:, None], full.labels[:, :-1]], dim=1)  # (n, K) target ids x_{k-1}
     logits = base
@@ -92,12 +99,17 @@ def head_batch(drafter: HeadedDrafter, input_ids: Tensor, loss_mask: Tensor, fea
         features_prev = drafter.markov.prev_embeddings(prev) if drafter.confidence.with_markov else None
         confidence = drafter.confidence(hidden, features_prev)  # (n, K)
     labels, mask = backbone.head.to_draft_labels(full.labels, full.label_mask)
-    label_pos = full.positions[:, 1:] - 1  # the target predicts position t from t - 1
-    t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]  # (n, K, V)
-    if backbone.head.vocab_map is not None:
-        t_logits = t_logits[..., backbone.head.vocab_map.d2t]
-    return {"draft_logits": logits, "labels": labels, "mask": mask, "target_logits": t_logits,
-            "confidence_logits": confidence}
+    t_logits = None
+    if target_logits is not None:
+        label_pos = full.positions[:, 1:] - 1  # the target predicts position t from t - 1
+        t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]  # (n, K, V)
+        if backbone.head.vocab_map is not None:
+            t_logits = t_logits[..., backbone.head.vocab_map.d2t]
+    out = {"draft_logits": logits, "labels": labels, "mask": mask, "target_logits": t_logits,
+           "confidence_logits": confidence}
+    if with_base:
+        out["base_logits"] = base
+    return out
 
 
 def train_heads(drafter: HeadedDrafter, sequences: list[Tensor], *, steps: int = 60, lr: float = 2e-3,

@@ -31,10 +31,12 @@ from ..target import Target, load_target
 from .blocks import build_blocks, sample_anchors
 from .checkpoint import TrainingError, latest_checkpoint, load_train_state, save_checkpoint
 from .config import TrainConfig
+from .dspark import head_batch
 from .forward import block_logits
+from .heads import head_terms, step_lambda, training_heads
 from .vocab import coverage, draft_vocabulary
 
-NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl"}
+NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl", "dspark_heads"}
 
 
 @dataclass
@@ -147,12 +149,13 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     out_dir = Path(config.out_dir)
     target = load_target(config.target, dtype=config.target_dtype, device=device)
 
-    start_step, state = 0, None
+    start_step, state, resume_from = 0, None, None
     previous = latest_checkpoint(out_dir)
     if previous is not None and not resume:
         raise ConfigError(f"{out_dir} already holds checkpoints (latest {previous.name}); pass --resume to continue "
                           "or choose another out_dir")
     if resume and previous is not None:
+        resume_from = previous
         state = load_train_state(previous, config)
         start_step = state["step"]
         # Master weights stay float32: loading at the target's bf16 would make a resume diverge.
@@ -182,20 +185,32 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         raise ConfigError(f"block_size {config.block_size} does not match the drafter's {drafter.config.block_size}; "
                           f"set block_size={drafter.config.block_size}")
     model = drafter.model.float().train()
-    wrapped = DistributedDataParallel(model) if dist_info.world_size > 1 else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # Heads (DSpark Markov/confidence, Domino) train on the same batches; a frozen backbone is only run.
+    headed = training_heads(config, drafter, resume_from)
+    heads = headed.heads() if headed is not None else {}
+    head_params = [param for head in heads.values() for param in head.parameters()]
+    backbone_params = list(model.parameters()) if config.train_backbone else []
+    trainable = backbone_params + head_params
+    ddp = dist_info.world_size > 1 and config.train_backbone
+    wrapped = DistributedDataParallel(model) if ddp else model
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-    loss_fn = get_loss(config.objective)
+    loss_fn = get_loss(config.objective) if headed is None else None
     knobs = config.loss_knobs()
     first_slot = drafter.first_predicting_slot
     if dist_info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        trains = ("backbone + " if config.train_backbone else "heads on a frozen backbone: ") + ", ".join(heads)
         print(f"training {config.objective} | target {config.target} | {len(data)} conversations | "
               f"drafter {drafter.config.num_hidden_layers} layer(s), B={config.block_size}, target layers "
-              f"{list(drafter.target_layer_ids)} | device {device}, {torch.get_num_threads()} threads, "
-              f"world {dist_info.world_size} | steps {start_step}->{config.max_steps}", flush=True)
+              f"{list(drafter.target_layer_ids)} | {trains if heads else 'backbone'} | device {device}, "
+              f"{torch.get_num_threads()} threads, world {dist_info.world_size} | steps "
+              f"{start_step}->{config.max_steps}", flush=True)
+        if config.objective == "domino" and not config.train_backbone and config.domino_lambda_start > 0:
+            print("note: with a frozen backbone CE_base has no gradient, so λ > 0 only scales the head's "
+                  "signal down; Domino-FT recipes set domino_lambda_start=0", flush=True)
     metrics_path = out_dir / "metrics.jsonl"
     if dist_info.is_main and metrics_path.exists():
         _truncate_metrics(metrics_path, start_step)
@@ -214,27 +229,37 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         mine = indices[dist_info.rank * config.grad_accum:(dist_info.rank + 1) * config.grad_accum]
         totals = torch.zeros(3, dtype=torch.float64, device=device)  # num, den, supervised slots
         log_now = dist_info.is_main and (step % config.log_every == 0 or step == end_step - 1)
-        diagnostics = []
+        diagnostics, base_diagnostics, term_logs = [], [], []
         for micro, index in enumerate(mine):
             input_ids, loss_mask, features, target_logits = data.get(index)
             generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + index)
             anchors = sample_anchors(loss_mask.cpu(), config.num_anchors, generator).to(device)
             if anchors.numel() == 0:
                 continue
-            blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, drafter.config.mask_token_id)
-            labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
             sync = micro == len(mine) - 1 or dist_info.world_size == 1
-            context = wrapped.no_sync() if (not sync and dist_info.world_size > 1) else _null()
+            context = wrapped.no_sync() if (not sync and ddp) else _null()
             with context:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
-                    logits = block_logits(wrapped, target, features, blocks, first_slot, drafter.head)  # (n, K, V_draft)
-                t_logits = None
-                if target_logits is not None:
-                    label_pos = blocks.positions[:, first_slot:] - 1  # the target predicts position p from p - 1
-                    t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]
-                    if drafter.head.vocab_map is not None:
-                        t_logits = t_logits[..., drafter.head.vocab_map.d2t]
-                terms = loss_fn(logits, labels, mask, target_logits=t_logits, knobs=knobs, num_sequences=1)
+                base = None
+                if headed is not None:  # teacher-forced heads over the backbone's block pass
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                        batch = head_batch(headed, input_ids, loss_mask, features, target_logits, anchors,
+                                           model=wrapped, train_backbone=config.train_backbone, with_base=True)
+                    logits, base, labels, mask = (batch["draft_logits"], batch["base_logits"], batch["labels"],
+                                                  batch["mask"])
+                    terms = head_terms(config, batch, step, knobs)
+                else:
+                    blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size,
+                                          drafter.config.mask_token_id)
+                    labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                        logits = block_logits(wrapped, target, features, blocks, first_slot, drafter.head)  # (n, K, V_draft)
+                    t_logits = None
+                    if target_logits is not None:
+                        label_pos = blocks.positions[:, first_slot:] - 1  # the target predicts position p from p - 1
+                        t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]
+                        if drafter.head.vocab_map is not None:
+                            t_logits = t_logits[..., drafter.head.vocab_map.d2t]
+                    terms = loss_fn(logits, labels, mask, target_logits=t_logits, knobs=knobs, num_sequences=1)
                 if not torch.isfinite(terms.num):
                     raise TrainingError(f"step {step}: the loss is {float(terms.num.detach())} (not finite); stopped without "
                                         f"saving. Last good checkpoint: {last_good or 'none'}")
@@ -243,16 +268,25 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
                                    dtype=torch.float64, device=device)
             if log_now:
                 diagnostics.append(_diagnostics(logits.detach(), labels, mask, knobs))
+                if config.objective == "domino":
+                    base_diagnostics.append(_diagnostics(base.detach(), labels, mask, knobs))
+                if headed is not None:
+                    term_logs.append({k: float(v) for k, v in terms.extras.items()
+                                      if v.numel() == 1 and not k.endswith(("/num", "/den"))})
         dist_info.all_reduce_sum(totals)
         den = float(totals[1])
         if den <= 0:
             raise TrainingError(f"step {step}: no supervised slots in the batch (denominator 0); the data has "
                                 "too few assistant tokens for this block size")
-        scale = dist_info.world_size / den  # DDP averaged the gradients over ranks: undo, then normalise
-        for param in model.parameters():
+        scale = (dist_info.world_size if ddp else 1) / den  # DDP averaged the backbone's gradients: undo, normalise
+        for param in backbone_params:
             if param.grad is not None:
                 param.grad.mul_(scale)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        for param in head_params:  # heads live outside DDP: sum their gradients over ranks here
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist_info.all_reduce_sum(param.grad).mul_(1.0 / den)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
         if not torch.isfinite(grad_norm):
             raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopped without saving. "
                                 f"Last good checkpoint: {last_good or 'none'}")
@@ -264,16 +298,23 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             row = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "step_s": step_s,
                    "supervised_slots": int(totals[2]), "slots_per_s": float(totals[2]) / step_s,
                    **_merge(diagnostics)}
+            if base_diagnostics:  # Domino's base branch (the backbone's own logits) beside the final one
+                merged = _merge(base_diagnostics)
+                row.update(base_accuracy=merged["accuracy"], base_per_position_accuracy=merged["per_position_accuracy"])
+            if config.objective == "domino":
+                row["domino_lambda"] = step_lambda(config, step)
+            if term_logs:
+                row["terms"] = {k: sum(t[k] for t in term_logs) / len(term_logs) for k in term_logs[0]}
             with metrics_path.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
         done = step + 1
         if data.heldout and dist_info.is_main and (done % config.eval_every == 0 or done == config.max_steps):
-            row = {"step": done, "eval": evaluate_heldout(model, drafter, data, config)}
+            row = {"step": done, "eval": evaluate_heldout(model, drafter, data, config, headed)}
             with metrics_path.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
         if done % config.save_every == 0 or done == config.max_steps:
             if dist_info.is_main:
-                last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config)
+                last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config, heads=heads)
             if dist_info.world_size > 1:
                 dist.barrier()
     progress.close()
@@ -281,32 +322,43 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     if dist_info.is_main and end_step == config.max_steps:
         from ..checkpoints import save_drafter
 
-        save_drafter(model, final, extra_files={"train_config.json": config.to_dict()})
+        save_drafter(model, final, extra_files={"train_config.json": config.to_dict()}, heads=heads)
     return final if end_step == config.max_steps else (last_good or out_dir)
 
 
 @torch.no_grad()
-def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig) -> dict:
+def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, headed=None) -> dict:
     """Per-slot greedy accuracy and the expected accepted length on held-out conversations.
 
     Anchors are fixed by the seed, so every evaluation scores the same blocks. `expected_tau` is
     1 + E[accepted prefix] under argmax drafting with teacher-forced context: the tau a greedy
-    verifier would see on these blocks.
+    verifier would see on these blocks. With heads, the final (head-corrected) logits are scored,
+    the slot heads reading the true previous tokens as in training.
     """
     model.eval()
+    heads = list(headed.heads().values()) if headed is not None else []
+    for head in heads:
+        head.eval()
     device = drafter.target.device
-    parts, accepted, blocks_seen = [], 0.0, 0
+    parts, base_parts, accepted, blocks_seen = [], [], 0.0, 0
     for index in data.heldout:
-        input_ids, loss_mask, features, _ = data.get(index)
+        input_ids, loss_mask, features, target_logits = data.get(index)
         generator = torch.Generator().manual_seed(config.seed + index)
         anchors = sample_anchors(loss_mask.cpu(), config.eval_anchors, generator).to(device)
         if anchors.numel() == 0:
             continue
         blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, drafter.config.mask_token_id)
-        labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
-            logits = block_logits(model, drafter.target, features, blocks, drafter.first_predicting_slot,
-                                  drafter.head)
+            if headed is not None:
+                batch = head_batch(headed, input_ids, loss_mask, features, target_logits, anchors, model=model,
+                                   with_base=True)
+                logits, labels, mask = batch["draft_logits"], batch["labels"], batch["mask"]
+                if config.objective == "domino":
+                    base_parts.append(_diagnostics(batch["base_logits"], labels, mask, config.loss_knobs()))
+            else:
+                labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
+                logits = block_logits(model, drafter.target, features, blocks, drafter.first_predicting_slot,
+                                      drafter.head)
         parts.append(_diagnostics(logits, labels, mask, config.loss_knobs()))
         # Count only blocks whose every label is inside the sequence and supervised; there, a label
         # outside the draft vocabulary is an error like any other.
@@ -315,7 +367,12 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig) ->
         accepted += float(acceptance.first_error_index(correct)[full].sum())
         blocks_seen += int(full.sum())
     model.train()
+    for head in heads:
+        head.train()
     merged = _merge(parts)
+    if base_parts:
+        base = _merge(base_parts)
+        merged.update(base_accuracy=base["accuracy"], base_per_position_accuracy=base["per_position_accuracy"])
     merged["expected_tau"] = 1.0 + accepted / max(1, blocks_seen)
     merged["blocks"] = blocks_seen
     return merged
