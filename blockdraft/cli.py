@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_engine)
 
-    for module in ("assets", "data.regen", "train.bench", "quickstart", "eval.bench", "eval.compare", "dspark_import"):
+    for module in ("assets", "data.regen", "train.bench", "quickstart", "eval.bench", "eval.compare", "dspark_import",
+                   "train.local_head"):
         try:
             imported = __import__(f"blockdraft.{module}", fromlist=["add_cli"])
         except ImportError as err:  # an optional extra is missing; the rest of the CLI still works

@@ -1,0 +1,417 @@
+"""Training DeLS-Spec's pieces (seeds/004 §4.2, §5.6, App. A): the local head, the unigram prior, and
+the optional per-position fusion weights.
+
+- Local head: next-token CE on tokenised text, with no target forward and no drafter (the rnn
+  variant reads the target's frozen embedding table, nothing else). The rnn variant trains on
+  blocks opened at anchors, like the drafter: up to `num_anchors` anchors per conversation where the
+  anchor and the next token are assistant tokens; block positions k = 1..B-1 are predicted from
+  [anchor, x_1 .. x_{k-1}] with the DFlash decay weights exp(-(k-1)/γ) (Table 6: γ = 7, B = 16). The
+  markov variant reads one token, so it trains densely on every assistant token (§5.7).
+- Prior: counts of the loss-mask tokens with additive smoothing λ (App. A).
+- Per-position α/β (§5.6): the target (online features), the drafter and the local head are frozen;
+  only α_k, β_k learn, by CE of the fused logits against the data's next tokens, kept in [0, 10].
+
+CLI: `blockdraft train-local-head`, `blockdraft attach-local-head`, `blockdraft train-fusion-weights`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ..config import ConfigError
+from ..data.conversations import shuffled_indices
+from ..drafters.local_head import (DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GRU_HIDDEN, DEFAULT_LOCAL_BLOCK,
+                                   DEFAULT_LOCAL_RANK, DEFAULT_SMOOTHING, LOCAL_VARIANTS, MAX_FUSION_WEIGHT,
+                                   LocalHead, LocalHeadConfig, UnigramPrior, attach_local_head, count_loss_tokens,
+                                   find_fusion_head, save_local_head, tokenizer_fingerprint)
+from ..losses import LossKnobs, decay, decay_weights, uniform
+from .blocks import build_blocks, sample_anchors
+
+
+@dataclass(frozen=True)
+class LocalHeadTrainConfig:
+    """Local head training; defaults are DeLS-Spec Table 6 (plus SPEC §5's warmup and clipping)."""
+
+    target: str | None = None  # model folder or asset name (its tokenizer and, for rnn, its embeddings)
+    data: str | None = None  # regenerated JSONL or ShareGPT-style file
+    out_dir: str | None = None
+    variant: str = "rnn"
+    block_size: int = DEFAULT_LOCAL_BLOCK
+    num_anchors: int = 512
+    gru_hidden_size: int = DEFAULT_GRU_HIDDEN
+    rank: int = DEFAULT_LOCAL_RANK
+    gamma: float = 7.0  # decay of the block loss (rnn)
+    max_length: int = 3072
+    batch_size: int = 4  # conversations per micro-batch
+    accumulation_steps: int = 1
+    lr: float = 6e-4
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; None = `epochs` passes over the data
+    warmup_ratio: float = 0.04
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    smoothing: float = DEFAULT_SMOOTHING  # prior's additive λ
+    anchor_chunk: int = 64  # blocks (rnn) or 64·B tokens (markov) per backward: bounds the (rows, V) logits
+    seed: int = 0
+    target_dtype: str = "bf16"
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.variant not in LOCAL_VARIANTS:
+            raise ConfigError(f"variant must be one of {LOCAL_VARIANTS}, got {self.variant!r}")
+        positive = ("block_size", "num_anchors", "gru_hidden_size", "rank", "max_length", "batch_size",
+                    "accumulation_steps", "epochs", "anchor_chunk")
+        for name in positive:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2 (an anchor and one prediction), got {self.block_size}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1 (or None for `epochs` passes), got {self.max_steps}")
+        if not (self.lr > 0 and self.gamma > 0 and self.grad_clip > 0 and self.weight_decay >= 0):
+            raise ConfigError(f"lr, gamma and grad_clip must be > 0 and weight_decay >= 0, got lr {self.lr}, "
+                              f"gamma {self.gamma}, grad_clip {self.grad_clip}, weight_decay {self.weight_decay}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def schedule(step: int, total: int, warmup_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup, then cosine decay to 0 (SPEC §5 recipe)."""
+    warmup = int(round(warmup_ratio * total))
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+# ------------------------------------------------------------------ local head
+
+
+def local_head_batch(conversations: Sequence, variant: str, block_size: int, num_anchors: int,
+                     generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """(prev (N, K), labels (N, K), mask (N, K)) for a micro-batch of conversations.
+
+    rnn: one row per anchor, prev = [anchor, z*_1 .. z*_{K-1}], K = B - 1. markov: one row per token
+    (K = 1), prev = x_{t-1}, label x_t, mask 1 where x_t is on the loss mask.
+    """
+    prevs, labels, masks = [], [], []
+    for item in conversations:
+        ids, loss_mask = item.input_ids, item.loss_mask
+        if variant == "markov":
+            prevs.append(ids[:-1, None])
+            labels.append(ids[1:, None])
+            masks.append(loss_mask[1:, None].float())
+            continue
+        anchors = sample_anchors(loss_mask, num_anchors, generator)
+        if anchors.numel() == 0:
+            continue
+        blocks = build_blocks(ids, loss_mask, anchors, block_size, mask_token_id=0)  # block_ids unused
+        prevs.append(torch.cat([ids[anchors][:, None], blocks.labels[:, :-1]], dim=1))
+        labels.append(blocks.labels)
+        masks.append(blocks.label_mask)
+    if not prevs:
+        raise ConfigError("no conversation in this batch has two consecutive loss-mask tokens to open a block")
+    return torch.cat(prevs), torch.cat(labels), torch.cat(masks)
+
+
+def local_head_loss_backward(head: LocalHead, prev: Tensor, labels: Tensor, mask: Tensor, *, gamma: float,
+                             chunk: int, den: float) -> float:
+    """Backpropagate Σ w·CE / den over all rows, `chunk` rows at a time (rows are independent: each GRU
+    restarts at its anchor), so the (rows, K, V) logits never exist at once. w = decay(γ) over the K
+    block positions (1 for markov rows). Returns Σ w·CE."""
+    knobs = LossKnobs(gamma=gamma)
+    objective = decay if labels.shape[1] > 1 else uniform
+    total = 0.0
+    for start in range(0, prev.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        if not bool(mask[rows].any()):
+            continue
+        logits = head(prev[rows])  # (n, K, V)
+        terms = objective(logits, labels[rows], mask[rows], knobs=knobs)
+        (terms.num / den).backward()
+        total += float(terms.num.detach())
+    return total
+
+
+def fit_local_head(head: LocalHead, conversations: Sequence, config: LocalHeadTrainConfig, *,
+                   progress: bool = False) -> list[float]:
+    """Train `head` in place (float32) on items with `input_ids` / `loss_mask`; returns the loss per
+    optimizer step (decay-weighted CE per supervised block position, or CE per token for markov)."""
+    if not len(conversations):
+        raise ConfigError("no conversations to train the local head on")
+    device = next(head.parameters()).device
+    generator = torch.Generator().manual_seed(config.seed)
+    per_step = config.batch_size * config.accumulation_steps
+    steps_per_epoch = math.ceil(len(conversations) / per_step)
+    total = config.max_steps or steps_per_epoch * config.epochs
+    head.float().train()
+    parameters = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    chunk = config.anchor_chunk if head.variant == "rnn" else config.anchor_chunk * config.block_size
+    order: list[int] = []
+    epoch, cursor = 0, 0
+    losses = []
+    bar = tqdm(range(total), desc=f"local head ({head.variant})", unit="step", disable=not progress)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * schedule(step, total, config.warmup_ratio)
+        optimizer.zero_grad(set_to_none=True)
+        # One optimizer step: accumulation_steps micro-batches of batch_size conversations, normalised
+        # exactly over the whole step (Σ w·CE / Σ w·m).
+        micro = []
+        for _ in range(config.accumulation_steps):
+            batch = []
+            for _ in range(config.batch_size):
+                if cursor >= len(order):
+                    order = shuffled_indices(len(conversations), epoch=epoch, seed=config.seed)
+                    epoch, cursor = epoch + 1, 0
+                batch.append(conversations[order[cursor]])
+                cursor += 1
+            micro.append(local_head_batch(batch, head.variant, config.block_size, config.num_anchors, generator))
+        den = sum(float((decay_weights(m.shape[1], config.gamma) * m).sum()) for _, _, m in micro)  # Σ w·m
+        num = 0.0
+        if den > 0:
+            for prev, labels, mask in micro:
+                num += local_head_loss_backward(head, prev.to(device), labels.to(device), mask.to(device),
+                                                gamma=config.gamma, chunk=chunk, den=den)
+        loss = num / den if den else 0.0
+        if not math.isfinite(loss):
+            from .checkpoint import TrainingError
+
+            raise TrainingError(f"local head loss became {loss} at step {step}; lower lr (now {config.lr})")
+        torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
+        optimizer.step()
+        losses.append(loss)
+        bar.set_postfix(loss=f"{loss:.3f}")
+    head.eval()
+    return losses
+
+
+def train_local_head(config: LocalHeadTrainConfig, *, progress: bool = True) -> Path:
+    """Load the target's tokenizer (and embeddings), tokenise the data, compute the prior, train the
+    head, write the local head folder atomically. Returns the folder."""
+    from ..data.conversations import TokenizedDataset
+    from ..target import load_target
+
+    if not (config.target and config.data and config.out_dir):
+        raise ConfigError("train-local-head needs target, data and out_dir")
+    target = load_target(config.target, dtype=config.target_dtype, device=config.device)
+    if target.tokenizer is None:
+        raise ConfigError(f"{target.name} has no tokenizer: the local head trains on text tokenised by the target's "
+                          f"own tokenizer")
+    print(f"local head: {config.variant} on {target.name} ({target.device}, embeddings {target.dtype}), "
+          f"block {config.block_size}, {torch.get_num_threads()} threads", file=sys.stderr)
+    dataset = TokenizedDataset(config.data, target.tokenizer, max_length=config.max_length)
+    prior = UnigramPrior.from_counts(count_loss_tokens(dataset, target.vocab_size), smoothing=config.smoothing)
+    head_config = LocalHeadConfig(
+        variant=config.variant, vocab_size=target.vocab_size,
+        embed_size=target.embed_tokens.weight.shape[1] if config.variant == "rnn" else None,
+        gru_hidden_size=config.gru_hidden_size, rank=config.rank, block_size=config.block_size,
+        tokenizer_fingerprint=tokenizer_fingerprint(target.tokenizer), target=target.name)
+    torch.manual_seed(config.seed)
+    head = LocalHead(head_config, target.embed_tokens).to(target.device)
+    losses = fit_local_head(head, dataset, config, progress=progress)
+    save_local_head(config.out_dir, head, prior, extra={
+        "train_config": config.to_dict(), "data_fingerprint": dataset.fingerprint, "steps": len(losses),
+        "first_loss": losses[0], "final_loss": losses[-1]})
+    print(f"local head: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps; prior over "
+          f"{prior.num_tokens} loss-mask tokens; wrote {config.out_dir}", file=sys.stderr)
+    return Path(config.out_dir)
+
+
+# ------------------------------------------------------------------ per-position α/β (seeds/004 §5.6)
+
+
+def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: float = 1e-3, num_anchors: int = 64,
+                       seed: int = 0, progress: bool = False) -> list[float]:
+    """Learn per-slot α_k, β_k of the drafter's `local` head by CE of the fused logits (uniform over the
+    valid slots); target, backbone, local head, prior and any other head stay frozen. Fixed α/β become
+    per-position vectors initialised to them (one entry per proposal slot). Target features are
+    computed online, one conversation per step. Returns the losses."""
+    from .dspark import head_batch
+
+    if steps < 1 or num_anchors < 1 or not lr > 0:
+        raise ConfigError(f"need steps >= 1, num_anchors >= 1 and lr > 0, got {steps}, {num_anchors}, {lr}")
+    if not len(conversations):
+        raise ConfigError("no conversations to train the fusion weights on")
+    fusion = find_fusion_head(drafter)
+    fusion.make_per_position(drafter.max_proposals)
+    target = drafter.target
+    heads = list(drafter.heads().values())
+    dtypes = [next(iter(h.parameters()), torch.empty(0)).dtype for h in heads]
+    frozen = {p: p.requires_grad for h in heads for p in h.parameters()}
+    for p in frozen:
+        p.requires_grad_(False)
+    fusion.float()
+    fusion.alpha.requires_grad_(True)
+    fusion.beta.requires_grad_(True)
+    use_slot_heads, drafter.use_slot_heads = drafter.use_slot_heads, True
+    optimizer = torch.optim.AdamW([fusion.alpha, fusion.beta], lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    order: list[int] = []
+    try:
+        bar = tqdm(range(steps), desc="fusion weights", unit="step", disable=not progress)
+        for step in bar:
+            if step % len(conversations) == 0:
+                order = shuffled_indices(len(conversations), epoch=step // len(conversations), seed=seed)
+            item = conversations[order[step % len(conversations)]]
+            ids, loss_mask = item.input_ids.to(target.device), item.loss_mask.to(target.device)
+            anchors = sample_anchors(item.loss_mask, num_anchors, generator).to(target.device)
+            if anchors.numel() == 0:
+                continue
+            features = target.features(ids[None], drafter.target_layer_ids).features  # (1, S, F), no grad
+            batch = head_batch(drafter, ids, loss_mask, features, None, anchors)
+            loss = uniform(batch["draft_logits"], batch["labels"], batch["mask"]).value()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():  # projected: α, β stay in the accepted range
+                fusion.alpha.clamp_(0.0, MAX_FUSION_WEIGHT)
+                fusion.beta.clamp_(0.0, MAX_FUSION_WEIGHT)
+            losses.append(float(loss.detach()))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    finally:
+        drafter.use_slot_heads = use_slot_heads
+        for p, flag in frozen.items():
+            p.requires_grad_(flag)
+        fusion.alpha.requires_grad_(True)
+        fusion.beta.requires_grad_(True)
+        for head, dtype in zip(heads, dtypes):
+            head.to(dtype).eval()
+    return losses
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def _stored_dtype(folder: str | Path) -> torch.dtype:
+    """The dtype the drafter's tensors were saved in (so re-saving keeps it)."""
+    from safetensors import safe_open
+
+    from ..checkpoints import WEIGHTS_NAME
+
+    with safe_open(str(Path(folder) / WEIGHTS_NAME), "pt") as handle:
+        return handle.get_tensor("fc.weight").dtype
+
+
+def _load_for_heads(args):
+    """Target (fp32: head maths exact, drafter weights upcast losslessly) and the drafter at args.drafter."""
+    from ..checkpoints import load_drafter
+    from ..target import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    return target, load_drafter(args.drafter, target)
+
+
+def _save_headed(drafter, args, extra: dict[str, Any]) -> None:
+    from ..drafters.dspark import save_headed_drafter
+
+    drafter.backbone.model.to(_stored_dtype(args.drafter))
+    save_headed_drafter(drafter, args.out, extra_files={"local_head_attach.json": extra})
+
+
+def cmd_train_local_head(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fields = {f.name for f in dataclasses.fields(LocalHeadTrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    values["max_steps"] = args.steps
+    train_local_head(LocalHeadTrainConfig(**values))
+    return 0
+
+
+def cmd_attach_local_head(args) -> int:
+    target, drafter = _load_for_heads(args)
+    headed = attach_local_head(drafter, args.local_head, alpha=args.alpha, beta=args.beta)
+    _save_headed(headed, args, {"local_head": str(args.local_head), "alpha": args.alpha, "beta": args.beta})
+    fusion = find_fusion_head(headed)
+    print(f"wrote {args.out}: {fusion.short.variant} local head (block {fusion.short.config.block_size}) on a "
+          f"block-{drafter.config.block_size} drafter, alpha {args.alpha}, beta {args.beta}", file=sys.stderr)
+    return 0
+
+
+def cmd_train_fusion_weights(args) -> int:
+    from ..data.conversations import TokenizedDataset
+
+    target, drafter = _load_for_heads(args)
+    if target.tokenizer is None:
+        raise ConfigError(f"{target.name} has no tokenizer to tokenise {args.data}")
+    dataset = TokenizedDataset(args.data, target.tokenizer, max_length=args.max_length)
+    losses = fit_fusion_weights(drafter, dataset, steps=args.steps, lr=args.lr, num_anchors=args.num_anchors,
+                                seed=args.seed, progress=True)
+    fusion = find_fusion_head(drafter)
+    report = {"steps": len(losses), "first_loss": losses[0] if losses else None,
+              "final_loss": losses[-1] if losses else None, "alpha": fusion.alpha.detach().float().tolist(),
+              "beta": fusion.beta.detach().float().tolist(), "lr": args.lr, "num_anchors": args.num_anchors,
+              "data": str(args.data), "seed": args.seed}
+    _save_headed(drafter, args, report)
+    print(json.dumps({k: report[k] for k in ("final_loss", "alpha", "beta")}), file=sys.stderr)
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    d = LocalHeadTrainConfig()
+    p = subparsers.add_parser("train-local-head", help="DeLS-Spec: train a local head + unigram prior on tokenised text")
+    p.add_argument("--target", required=True, help="target folder or asset name (tokenizer; embeddings for rnn)")
+    p.add_argument("--data", required=True, help="regenerated JSONL or ShareGPT-style file")
+    p.add_argument("--out", dest="out_dir", required=True, help="local head folder to write")
+    p.add_argument("--variant", default=d.variant, choices=list(LOCAL_VARIANTS))
+    p.add_argument("--block-size", type=int, default=d.block_size,
+                   help="training block; drafters proposing up to block_size - 1 tokens can use it")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    for flag, kind in (("num-anchors", int), ("gru-hidden-size", int), ("rank", int), ("gamma", float),
+                       ("max-length", int), ("batch-size", int), ("accumulation-steps", int), ("lr", float),
+                       ("warmup-ratio", float), ("grad-clip", float), ("weight-decay", float),
+                       ("smoothing", float), ("anchor-chunk", int), ("seed", int)):
+        name = flag.replace("-", "_")
+        p.add_argument(f"--{flag}", type=kind, default=getattr(d, name))
+    p.add_argument("--dtype", dest="target_dtype", default=d.target_dtype, choices=["bf16", "fp32"],
+                   help="dtype the target (its embeddings) is loaded in; the head trains in float32")
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_train_local_head)
+
+    def drafter_flags(p) -> None:
+        p.add_argument("--target", required=True)
+        p.add_argument("--drafter", required=True, help="DFlash drafter folder (may already carry heads)")
+        p.add_argument("--out", required=True, help="drafter folder to write, heads included")
+        p.add_argument("--dtype", default="fp32", choices=["bf16", "fp32"], help="target dtype while working")
+        p.add_argument("--device", default=None)
+        p.add_argument("--threads", type=int, default=None)
+
+    p = subparsers.add_parser("attach-local-head", help="DeLS-Spec: fuse a trained local head into a DFlash drafter")
+    drafter_flags(p)
+    p.add_argument("--local-head", required=True, help="folder written by train-local-head")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"weight of the local head's logits "
+                   f"(0..{MAX_FUSION_WEIGHT:g})")
+    p.add_argument("--beta", type=float, default=DEFAULT_BETA, help=f"weight of the subtracted unigram prior "
+                   f"(0..{MAX_FUSION_WEIGHT:g})")
+    p.set_defaults(func=cmd_attach_local_head)
+
+    p = subparsers.add_parser("train-fusion-weights",
+                              help="DeLS-Spec: learn per-position alpha/beta (all else frozen) for a drafter with a "
+                                   "local head")
+    drafter_flags(p)
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, default=10_000, help="one conversation per step (paper: 10K steps)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=3072)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train_fusion_weights)
