@@ -59,6 +59,7 @@ def test_every_objective_trains(setup, tmp_path, objective):
     assert 0 < rows[0]["auf_active_ratio"] <= 1
     saved = json.loads((final / "config.json").read_text())
     assert saved["architectures"] == ["DFlashDraftModel"] and saved["block_size"] == 4
+    assert "heads" not in saved  # without heads the checkpoint is the plain released format
     assert json.loads((final / "train_config.json").read_text())["objective"] == objective
 
 
@@ -123,12 +124,13 @@ def test_bad_training_input_is_refused(setup, tmp_path):
         train(make_config(setup, tmp_path / "noassist", data=str(tmp_path / "users.jsonl")))
 
 
-def _worker(rank, world, port, config_dict, queue):
+def _worker(rank, world, port, config_dicts, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     try:
-        train(TrainConfig.from_dict(config_dict))
+        for config_dict in config_dicts:  # one process group serves every run (spawning is the slow part)
+            train(TrainConfig.from_dict(config_dict))
         queue.put((rank, "ok"))
     except Exception as err:  # report to the parent instead of hanging it
         queue.put((rank, repr(err)))
@@ -141,12 +143,17 @@ def _worker(rank, world, port, config_dict, queue):
 def test_two_processes_equal_one_process_on_the_concatenated_batch(setup, tmp_path):
     single = train(make_config(setup, tmp_path / "one", grad_accum=2, max_steps=3, objective="dpace"))
     config = make_config(setup, tmp_path / "two", grad_accum=1, max_steps=3, objective="dpace").to_dict()
+    # Joint backbone + heads: the backbone is reduced by DDP, the heads by the trainer's own all-reduce.
+    headed = dict(objective="domino", heads={"markov": {"rank": 8}, "domino": {"gru_size": 16, "rank": 8}},
+                  domino_variant="B-AUF+D", max_steps=3)
+    single_headed = train(make_config(setup, tmp_path / "one_h", grad_accum=2, **headed))
+    config_headed = make_config(setup, tmp_path / "two_h", grad_accum=1, **headed).to_dict()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(rank, 2, port, config, queue)) for rank in range(2)]
+    procs = [ctx.Process(target=_worker, args=(rank, 2, port, [config, config_headed], queue)) for rank in range(2)]
     for proc in procs:
         proc.start()
     results = dict(queue.get(timeout=300) for _ in procs)
@@ -155,6 +162,10 @@ def test_two_processes_equal_one_process_on_the_concatenated_batch(setup, tmp_pa
     assert results == {0: "ok", 1: "ok"}
     for key, tensor in weights(single).items():
         torch.testing.assert_close(weights(tmp_path / "two" / "final")[key], tensor, rtol=1e-5, atol=1e-6)
+    two_headed = weights(tmp_path / "two_h" / "final")
+    assert set(two_headed) == set(weights(single_headed)) and any(k.startswith("domino_head.") for k in two_headed)
+    for key, tensor in weights(single_headed).items():
+        torch.testing.assert_close(two_headed[key], tensor, rtol=1e-5, atol=1e-6)
 
 
 def test_cached_features_train_like_online(setup, tmp_path, capsys):
@@ -185,11 +196,15 @@ def test_reduced_draft_vocabulary_training(setup, tmp_path, capsys):
 def test_shipped_recipes_are_valid_configs():
     from pathlib import Path
 
+    from blockdraft.train.heads import HEAD_OBJECTIVES
+
     recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.json"))
     assert recipes
     for recipe in recipes:
         config = TrainConfig.load(recipe)
-        assert config.block_size >= 2 and config.objective in losses.LOSSES
+        assert config.block_size >= 2 and (config.objective in losses.LOSSES or config.objective in HEAD_OBJECTIVES)
+    heads = {recipe.name: TrainConfig.load(recipe) for recipe in recipes if TrainConfig.load(recipe).heads}
+    assert {(c.objective, c.train_backbone) for c in heads.values()} >= {("domino", False), ("dspark_heads", False)}
 
 
 def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
@@ -220,3 +235,86 @@ def test_bench_train_reports_ratios_and_throughput(setup, capsys):
     assert report["relative_to_decay"]["decay"] == 1.0
     assert report["slots_per_s_online"] < report["slots_per_s_cached"]
     assert report["peak_rss_gib"] > 0
+
+
+# ------------------------------------------------------------------ heads (DSpark, Domino) in the trainer
+
+HEADED_RUNS = {
+    "dspark_joint": dict(objective="dspark_heads", heads={"markov": {"rank": 8, "variant": "rnn"}, "confidence": {}}),
+    "domino_head_only": dict(objective="domino", heads={"domino": {"gru_size": 16, "rank": 8}}, train_backbone=False,
+                             domino_variant="F-AUF+D"),
+}
+
+
+@pytest.fixture(scope="module")
+def backbone_checkpoint(setup, tmp_path_factory):
+    return train(make_config(setup, tmp_path_factory.mktemp("backbone") / "run", max_steps=3, save_every=100))
+
+
+@pytest.mark.parametrize("run", sorted(HEADED_RUNS))
+def test_heads_train_and_resume_to_the_same_weights(setup, tmp_path, backbone_checkpoint, run):
+    changes = dict(HEADED_RUNS[run], drafter_init=str(backbone_checkpoint), heldout=2, eval_every=3)
+    whole = train(make_config(setup, tmp_path / "whole", **changes))
+    config = make_config(setup, tmp_path / "split", **changes)
+    train(config, stop_after=3)  # killed after step 3; the last checkpoint (step 2) holds the heads
+    assert any(k.startswith(("markov_head.", "domino_head."))
+               for k in weights(tmp_path / "split" / "checkpoints" / "step_000002"))
+    resumed = train(config, resume=True)
+    expected = weights(whole)
+    assert set(weights(resumed)) == set(expected)
+    for key, tensor in expected.items():
+        torch.testing.assert_close(weights(resumed)[key], tensor, rtol=0, atol=0)
+    names = set(HEADED_RUNS[run]["heads"])
+    assert set(json.loads((whole / "config.json").read_text())["heads"]) == names
+    init = weights(backbone_checkpoint)
+    frozen = not HEADED_RUNS[run].get("train_backbone", True)
+    assert all(torch.equal(expected[k], t) for k, t in init.items()) == frozen  # head-only keeps the backbone
+    rows = [json.loads(l) for l in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
+    assert len(train_rows[0]["per_position_accuracy"]) == 3 and "terms" in train_rows[0]
+    evals = [r["eval"] for r in rows if "eval" in r]
+    assert len(evals) == 2 and 1.0 <= evals[-1]["expected_tau"] <= 4.0
+    if run.startswith("domino"):
+        assert len(train_rows[0]["base_per_position_accuracy"]) == 3 and "base_accuracy" in evals[-1]
+        assert train_rows[0]["domino_lambda"] == 1.0 and train_rows[-1]["domino_lambda"] == 0.0
+    # The saved drafter loads with its heads.
+    from blockdraft.checkpoints import load_drafter
+    from blockdraft.drafters.dspark import HeadedDrafter
+
+    loaded = load_drafter(whole, make_config(setup, tmp_path).target)
+    assert isinstance(loaded, HeadedDrafter) and set(loaded.heads()) == names
+
+
+def test_joint_domino_training_moves_backbone_and_head(setup, tmp_path, backbone_checkpoint):
+    final = train(make_config(setup, tmp_path / "joint", objective="domino", drafter_init=str(backbone_checkpoint),
+                              heads={"domino": {"gru_size": 16, "rank": 8}}, max_steps=3, domino_lambda_start=0.5))
+    saved, init = weights(final), weights(backbone_checkpoint)
+    assert any(not torch.equal(saved[k], t) for k, t in init.items())
+    assert torch.count_nonzero(saved["domino_head.up_proj.weight"]) > 0
+
+
+def test_head_training_input_is_refused(setup, tmp_path, backbone_checkpoint):
+    with pytest.raises(ConfigError, match="trains heads but the recipe has none"):
+        make_config(setup, tmp_path, objective="dspark_heads")
+    with pytest.raises(ConfigError, match="features=online"):
+        make_config(setup, tmp_path, objective="dspark_heads", heads={"markov": {}}, features="cached")
+    with pytest.raises(ConfigError, match="confidence head learns only from objective dspark_heads"):
+        make_config(setup, tmp_path, objective="decay", heads={"markov": {}, "confidence": {}})
+    with pytest.raises(ConfigError, match="with_markov"):
+        make_config(setup, tmp_path, objective="dspark_heads", heads={"confidence": {"with_markov": True}})
+    with pytest.raises(ConfigError, match="variant"):
+        make_config(setup, tmp_path, objective="dspark_heads", heads={"markov": {"variant": "lstm"}})
+    with pytest.raises(ConfigError, match="drafter_init"):
+        make_config(setup, tmp_path, objective="dspark_heads", heads={"markov": {}}, train_backbone=False)
+    with pytest.raises(ConfigError, match="unknown head"):
+        train(make_config(setup, tmp_path / "h", heads={"lookahead": {}}))
+    # Resuming with other heads is refused like any other config change.
+    run = dict(objective="domino", heads={"domino": {"gru_size": 16, "rank": 8}})
+    train(make_config(setup, tmp_path / "r", **run), stop_after=2)
+    with pytest.raises(ConfigError, match="different config.*heads"):
+        train(make_config(setup, tmp_path / "r", **dict(run, heads={"domino": {"gru_size": 8, "rank": 8}})),
+              resume=True)
+    # A plain objective may train a Markov head jointly (applied to the corrected logits).
+    final = train(make_config(setup, tmp_path / "auf", objective="auf", heads={"markov": {"rank": 8}}, max_steps=2))
+    assert "markov_head.markov_w1.weight" in weights(final)

@@ -347,7 +347,8 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, he
         anchors = sample_anchors(loss_mask.cpu(), config.eval_anchors, generator).to(device)
         if anchors.numel() == 0:
             continue
-        blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size, drafter.config.mask_token_id)
+        # max_proposals + 1 = block_size in the DFlash layout; head_batch also serves the DSpark layout.
+        blocks = build_blocks(input_ids, loss_mask, anchors, drafter.max_proposals + 1, drafter.config.mask_token_id)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
             if headed is not None:
                 batch = head_batch(headed, input_ids, loss_mask, features, target_logits, anchors, model=model,
