@@ -60,10 +60,10 @@ class DominoHead(SlotHead):
         self._embed: nn.Module | None = None  # the target's input embeddings, set by `bind`, never saved
 
     def reset_parameters(self) -> None:
-        """W_up = 0, so a fresh head adds nothing and drafting starts as the base drafter's."""
-        for weight in self.gru.parameters():
-            nn.init.normal_(weight, std=self.gru_size ** -0.5)
-        nn.init.normal_(self.down_proj.weight, std=(self.hidden_size + self.gru_size) ** -0.5)
+        """PyTorch's GRU/Linear initialisation, then W_up = 0: a fresh head adds nothing, so drafting
+        starts as the base drafter's and the residual grows from there."""
+        self.gru.reset_parameters()
+        self.down_proj.reset_parameters()
         nn.init.zeros_(self.up_proj.weight)
 
     def __setattr__(self, name: str, value: Any) -> None:

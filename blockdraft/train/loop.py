@@ -283,9 +283,10 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             if param.grad is not None:
                 param.grad.mul_(scale)
         for param in head_params:  # heads live outside DDP: sum their gradients over ranks here
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            dist_info.all_reduce_sum(param.grad).mul_(1.0 / den)
+            if param.grad is None and dist_info.world_size > 1:
+                param.grad = torch.zeros_like(param)  # every rank must join each all-reduce
+            if param.grad is not None:
+                dist_info.all_reduce_sum(param.grad).mul_(1.0 / den)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
         if not torch.isfinite(grad_norm):
             raise TrainingError(f"step {step}: gradient norm is {float(grad_norm)}; stopped without saving. "
