@@ -162,6 +162,7 @@ class LocalHead(nn.Module):
             nn.init.normal_(self.markov_e.weight, std=0.02)
             nn.init.normal_(self.markov_w.weight, std=0.02)
         self._embed: tuple[nn.Module, ...] = ()
+        self._rows_cache: tuple[tuple, torch.Tensor] | None = None
         if embed_tokens is not None:
             self.use_embeddings(embed_tokens)
 
@@ -185,10 +186,25 @@ class LocalHead(nn.Module):
         with torch.no_grad():  # E_tgt is frozen (the target keeps requires_grad=True on its weights)
             return self._embed[0](ids).to(self.gru.weight_ih_l0.dtype)
 
-    def _scores(self, latent: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """(..., r) -> (..., V_out): W_vocab r (rnn) or r W_Mᵀ (markov), rows = draft-vocabulary ids."""
+    def _output_weight(self, rows: torch.Tensor | None) -> torch.Tensor:
+        """(V_out, r): W_vocab (rnn) or W_M (markov), restricted to the draft-vocabulary ids `rows`.
+
+        Drafting selects the same rows at every slot, so without gradients the selection is kept
+        until the weight changes (in place, device or dtype) or other rows are asked for.
+        """
         weight = (self.vocab_proj if self.variant == "rnn" else self.markov_w).weight  # (V, r)
-        return F.linear(latent, weight if rows is None else weight[rows])
+        if rows is None:
+            return weight
+        if torch.is_grad_enabled():
+            return weight[rows]
+        key = (weight.data_ptr(), weight._version, weight.dtype, rows.data_ptr(), rows.numel())
+        if self._rows_cache is None or self._rows_cache[0] != key:
+            self._rows_cache = (key, weight[rows])
+        return self._rows_cache[1]
+
+    def _scores(self, latent: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """(..., r) -> (..., V_out) = latent · W_outᵀ."""
+        return F.linear(latent, self._output_weight(rows))
 
     def forward(self, ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """ids (N, T) target ids -> logits (N, T, V_out); position t predicts token t+1 from ids[:, :t+1]
