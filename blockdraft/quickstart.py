@@ -10,7 +10,6 @@ checkpoint, the benchmark skips prompts already measured. `--budget` (minutes) s
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass

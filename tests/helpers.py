@@ -30,3 +30,37 @@ def trained_drafter(target, *, block_size: int = 8, num_layers: int = 1, steps: 
 
 
 __all__ = ["init_drafter", "own_text", "prompts", "tiny_target", "trained_drafter"]
+
+
+def proposals(target, drafter, prompt, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Every proposal of one 30-token generation: (tokens, q) per round (spies on `drafter.propose`)."""
+    seen = []
+    original = drafter.propose
+
+    def spy(*args, **kwargs):
+        proposal = original(*args, **kwargs)
+        seen.append((proposal.tokens.clone(), None if proposal.q_draft is None else proposal.q_draft.clone()))
+        return proposal
+
+    drafter.propose = spy
+    blockdraft.speculative_generate(target, drafter, prompt, max_new_tokens=30, sampling=sampling, seed=3)
+    return seen
+
+
+def teacher_forced_block(target, drafter, *, proposals: int = 5, seed: int = 9, with_logits: bool = True,
+                         **batch_options):
+    """Draft one greedy block after a random prompt, then build the teacher-forced head batch of that block
+    (labels = the drafted tokens). Returns (proposal, batch): their logits must agree."""
+    from blockdraft.config import SamplingConfig
+    from blockdraft.train.dspark import head_batch
+
+    ids = prompts(1, seed=seed)[0]
+    features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
+    drafter.reset(ids[:, :-1], features)
+    proposal = drafter.propose(ids, proposals, SamplingConfig(), None)
+    sequence = torch.cat([ids[0], proposal.tokens])
+    out = target.features(sequence[None], drafter.target_layer_ids, with_logits=with_logits)
+    with torch.no_grad():
+        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features,
+                           out.logits if with_logits else None, torch.tensor([ids.shape[1] - 1]), **batch_options)
+    return proposal, batch

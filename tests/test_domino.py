@@ -7,7 +7,6 @@ head learns, and the head round-trips through checkpoints under `domino_head.`.
 """
 
 import json
-import math
 import random
 
 import pytest
@@ -24,9 +23,8 @@ from blockdraft.drafters.heads import SlotHead
 from blockdraft.tiny import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.domino import DOMINO_VARIANTS, domino, domino_lambda
-from blockdraft.train.dspark import head_batch
 from blockdraft.train.loop import train
-from helpers import init_drafter, prompts, tiny_target, trained_drafter
+from helpers import init_drafter, prompts, teacher_forced_block, tiny_target, trained_drafter
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 REDUCED_VOCAB = torch.arange(0, 256, 2)  # every other token of the tiny target
@@ -122,15 +120,7 @@ def test_teacher_forced_equals_the_drafting_loop(target, reduced):
     backbone = init_drafter(target, block_size=6, seed=3, draft_vocab=REDUCED_VOCAB if reduced else None)
     head = random_domino(backbone, seed=3)
     drafter = HeadedDrafter(backbone, slot_heads=[head])
-    ids = prompts(1, seed=9)[0]
-    features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
-    drafter.reset(ids[:, :-1], features)
-    proposal = drafter.propose(ids, 5, SamplingConfig(), None)
-    sequence = torch.cat([ids[0], proposal.tokens])
-    out = target.features(sequence[None], drafter.target_layer_ids, with_logits=True)
-    with torch.no_grad():
-        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features, None,
-                           torch.tensor([ids.shape[1] - 1]), with_base=True)
+    proposal, batch = teacher_forced_block(target, drafter, with_logits=False, with_base=True)
     torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
     assert batch["target_logits"] is None and batch["mask"].all()
     assert not torch.allclose(batch["base_logits"], batch["draft_logits"])

@@ -24,7 +24,7 @@ from blockdraft.drafters.dspark import (HeadedDrafter, cost_aware_length, measur
 from blockdraft.drafters.heads import ConfidenceHead, MarkovHead, SlotHead
 from blockdraft.dspark_import import import_dspark
 from blockdraft.train.dspark import dspark_heads, head_batch, train_heads
-from helpers import init_drafter, own_text, prompts, tiny_target, trained_drafter
+from helpers import init_drafter, own_text, prompts, proposals, teacher_forced_block, tiny_target, trained_drafter
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 RANK = 16
@@ -263,21 +263,6 @@ def test_bad_input_gets_clear_errors(target):
 
 
 # ------------------------------------------------------------------ checkpoints
-
-
-def proposals(target, drafter, prompt, sampling):
-    """Every proposal of one generation: (tokens, q) per round."""
-    seen = []
-    original = drafter.propose
-
-    def spy(*args, **kwargs):
-        proposal = original(*args, **kwargs)
-        seen.append((proposal.tokens.clone(), None if proposal.q_draft is None else proposal.q_draft.clone()))
-        return proposal
-
-    drafter.propose = spy
-    blockdraft.speculative_generate(target, drafter, prompt, max_new_tokens=30, sampling=sampling, seed=3)
-    return seen
 
 
 @pytest.mark.parametrize("variant", ["linear", "rnn"])
@@ -521,15 +506,7 @@ def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkey
                                                use_slot_heads=False), prompt, SamplingConfig()))
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(on, off))
     # Teacher forcing equals the drafting loop with the slot head on.
-    ids = prompts(1, seed=9)[0]
-    features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
-    drafter.reset(ids[:, :-1], features)
-    proposal = drafter.propose(ids, 5, SamplingConfig(), None)
-    sequence = torch.cat([ids[0], proposal.tokens])
-    out = target.features(sequence[None], drafter.target_layer_ids, with_logits=True)
-    with torch.no_grad():
-        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features, out.logits,
-                           torch.tensor([ids.shape[1] - 1]))
+    proposal, batch = teacher_forced_block(target, drafter)
     torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
     # Saved beside the backbone under its own prefix and described in config.json.
     save_headed_drafter(drafter, tmp_path / "d")

@@ -25,9 +25,8 @@ from blockdraft.drafters.local_head import (MAX_FUSION_WEIGHT, DeLSFusionHead, L
                                             UnigramPrior, attach_local_head, count_loss_tokens, find_fusion_head,
                                             load_local_head, save_local_head, tokenizer_fingerprint)
 from blockdraft.tiny import save_tiny_chat_model
-from blockdraft.train.dspark import head_batch
 from blockdraft.train.local_head import LocalHeadTrainConfig, fit_fusion_weights, fit_local_head
-from helpers import init_drafter, own_text, prompts, tiny_target, trained_drafter
+from helpers import init_drafter, own_text, prompts, proposals, teacher_forced_block, tiny_target, trained_drafter
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 GRU_HIDDEN, RANK = 32, 16
@@ -59,21 +58,6 @@ def conversation(ids, mask=None):
     ids = torch.as_tensor(ids, dtype=torch.long)
     mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, dtype=torch.long)
     return TokenizedConversation(ids, mask)
-
-
-def proposals(target, drafter, prompt, sampling):
-    """Every proposal of one generation: (tokens, q) per round."""
-    seen = []
-    original = drafter.propose
-
-    def spy(*args, **kwargs):
-        proposal = original(*args, **kwargs)
-        seen.append((proposal.tokens.clone(), None if proposal.q_draft is None else proposal.q_draft.clone()))
-        return proposal
-
-    drafter.propose = spy
-    blockdraft.speculative_generate(target, drafter, prompt, max_new_tokens=30, sampling=sampling, seed=3)
-    return seen
 
 
 @pytest.fixture(scope="module")
@@ -240,15 +224,7 @@ def test_teacher_forcing_equals_the_drafting_loop(target):
     with torch.no_grad():
         markov.markov_w2.weight.normal_(0.0, 1.0)
     drafter = attach_local_head(HeadedDrafter(backbone, markov), random_local(target, "rnn", scale=0.5))
-    ids = prompts(1, seed=9)[0]
-    features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
-    drafter.reset(ids[:, :-1], features)
-    proposal = drafter.propose(ids, 5, SamplingConfig(), None)
-    sequence = torch.cat([ids[0], proposal.tokens])
-    out = target.features(sequence[None], drafter.target_layer_ids, with_logits=True)
-    with torch.no_grad():
-        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features, out.logits,
-                           torch.tensor([ids.shape[1] - 1]))
+    proposal, batch = teacher_forced_block(target, drafter)
     torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
 
 

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -252,7 +251,7 @@ def render(summary: Mapping, configs: Mapping[str, Any], bench: Mapping, curves_
               "variant over the baseline's on the same prompts, minus 1.", ""]
     if curves_png:
         lines += ["## Training curves", "", f"![training curves]({curves_png})", ""]
-    lines += ["## Bench run", "", f"Full report: `bench/report.md`.", ""]
+    lines += ["## Bench run", "", "Full report: `bench/report.md`.", ""]
     lines += _header(bench)
     return "\n".join(lines) + "\n"
 
