@@ -109,3 +109,19 @@ def test_variant_parsing_and_bad_input(setup, tmp_path):
     assert main(argv[:argv.index("--baseline") + 1] + ["nope"] + argv[argv.index("--baseline") + 2:]) == 2
     assert main(compare_argv(setup, tmp_path / "o2", "--dataset", "no-such-set")) == 2
     assert not (tmp_path / "o").exists() and not (tmp_path / "o2" / "train").exists()  # refused before any work
+
+
+def test_curves_command_plots_training_runs(tmp_path):
+    for name, offset in (("a", 0.0), ("b", 0.1)):
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = [{"step": s, "loss": 5.0 - s / 10} for s in range(1, 11)]
+        rows += [{"step": s, "eval": {"expected_tau": 1.0 + offset + s / 100, "per_position_accuracy": [0.1, 0.05]}}
+                 for s in (5, 10)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curves = C.read_curves(tmp_path / "b")
+    assert len(curves["train"]) == 10 and [s for s, _ in curves["eval"]] == [5, 10]
+    assert curves["eval"][1][1]["expected_tau"] == pytest.approx(1.2)
+    assert main(["curves", f"first={tmp_path / 'a'}", str(tmp_path / "b"), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert main(["curves", str(tmp_path / "missing"), "--out", str(tmp_path / "d.png")]) == 2

@@ -256,7 +256,10 @@ def render(summary: Mapping, configs: Mapping[str, Any], bench: Mapping, curves_
     return "\n".join(lines) + "\n"
 
 
-def draw_curves(configs: Mapping[str, Any], out_path: Path) -> str | None:
+def draw_curves(run_dirs: Mapping[str, str | Path], out_path: Path) -> str | None:
+    """Training loss, held-out expected tau and slot-1 accuracy against the step, one line per run
+    (`run_dirs`: label -> training out_dir holding metrics.jsonl). Returns the file name, or None
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -264,7 +267,7 @@ def draw_curves(configs: Mapping[str, Any], out_path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    curves = {name: read_curves(config.out_dir) for name, config in configs.items()}
+    curves = {name: read_curves(folder) for name, folder in run_dirs.items()}
     has_eval = any(c["eval"] for c in curves.values())
     fig, axes = plt.subplots(1, 3 if has_eval else 1, figsize=(15 if has_eval else 6, 4), squeeze=False)
     for name, curve in curves.items():
@@ -298,7 +301,7 @@ def write_compare(out_dir: Path, configs: Mapping[str, Any], finals: Mapping[str
     summary = summarise(bench, finals, baseline)
     summary["varies"] = varying_fields(configs)
     write_json_atomic(out_dir / "compare.json", summary)
-    png = draw_curves(configs, out_dir / "curves.png")
+    png = draw_curves({name: config.out_dir for name, config in configs.items()}, out_dir / "curves.png")
     path = out_dir / "compare.md"
     tmp = path.with_name(".compare.md.partial")
     tmp.write_text(render(summary, configs, bench, png), encoding="utf-8")
@@ -334,6 +337,21 @@ def run_compare(args: argparse.Namespace, log=print) -> Path:
     return write_compare(out_dir, configs, finals, baseline)
 
 
+def cmd_curves(args: argparse.Namespace) -> int:
+    runs = {}
+    for text in args.run:
+        label, sep, folder = text.partition("=")
+        label, folder = (label, folder) if sep else (Path(text).name, text)
+        if not (Path(folder) / "metrics.jsonl").exists():
+            raise ConfigError(f"{folder} holds no metrics.jsonl; pass training out_dirs (LABEL=DIR)")
+        runs[label] = folder
+    name = draw_curves(runs, Path(args.out))
+    if name is None:
+        raise ConfigError("plotting needs matplotlib: pip install matplotlib")
+    print(f"curves: {args.out}")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     path = run_compare(args)
     print(f"comparison: {path}")
@@ -360,3 +378,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace bench results of a different configuration")
     p.add_argument("--out", required=True, help="folder: train/NAME, bench/, compare.md, compare.json, curves.png")
     p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser("curves", help="plot training curves (loss, held-out tau, slot-1 accuracy) of runs")
+    p.add_argument("run", nargs="+", metavar="[LABEL=]DIR", help="training out_dir(s) holding metrics.jsonl")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.set_defaults(func=cmd_curves)
