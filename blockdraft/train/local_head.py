@@ -223,11 +223,14 @@ def train_local_head(config: LocalHeadTrainConfig, *, progress: bool = True) -> 
     torch.manual_seed(config.seed)
     head = LocalHead(head_config, target.embed_tokens).to(target.device)
     losses = fit_local_head(head, dataset, config, progress=progress)
+    window = max(1, len(losses) // 10)  # one step's loss is one sequence's: compare the first and last tenths
+    first, final = sum(losses[:window]) / window, sum(losses[-window:]) / window
     save_local_head(config.out_dir, head, prior, extra={
         "train_config": config.to_dict(), "data_fingerprint": dataset.fingerprint, "steps": len(losses),
-        "first_loss": losses[0], "final_loss": losses[-1]})
-    print(f"local head: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps; prior over "
-          f"{prior.num_tokens} loss-mask tokens; wrote {config.out_dir}", file=sys.stderr)
+        "first_loss": first, "final_loss": final, "loss_window": window})
+    print(f"local head: mean loss of the first {window} steps {first:.3f} -> last {window} steps {final:.3f} "
+          f"({len(losses)} steps); prior over {prior.num_tokens} loss-mask tokens; wrote {config.out_dir}",
+          file=sys.stderr)
     return Path(config.out_dir)
 
 
