@@ -210,6 +210,10 @@ def training_prompts(source: str) -> list[Prompt]:
 
 
 def _cli(args: argparse.Namespace) -> int:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     stats = regen(args.target, training_prompts(args.prompts), args.n, args.out, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
                   max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype)
@@ -233,5 +237,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts")
     parser.add_argument("--dtype", default="bf16", help="bf16 (fast on CPU), fp32 or fp16")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.set_defaults(func=_cli)
     return parser
