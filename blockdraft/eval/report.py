@@ -132,7 +132,9 @@ def _acceptance_section(results: Mapping, plots: list[str]) -> list[str]:
     pad = lambda rows: [row + [""] * (width + 2 - len(row)) for row in rows]  # noqa: E731
     header = ["dataset", "run"] + [str(i) for i in range(1, width + 1)]
     lines = ["## Acceptance by position", "", "rate_i = P(accepted length >= i); a_i = P(slot i accepted | "
-             "slots < i accepted), over all verify rounds.", "", "**rate_i**", ""]
+             "slots < i accepted), over the verify rounds that proposed at least i tokens (all rounds when every "
+             "round proposes K; with confidence pruning, rate_i is conditional on the block reaching slot i, so it "
+             "need not fall with i).", "", "**rate_i**", ""]
     lines += _table(header, pad(rate_rows)) + ["", "**a_i (conditional)**", ""] + _table(header, pad(cond_rows))
     lines += [""] + [f"![{name}]({name})" for name in plots if name == "acceptance.png"] + [""]
     return lines
