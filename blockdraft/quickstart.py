@@ -78,10 +78,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
           max_new_tokens=plan.regen_tokens, batch_size=16, max_prompt_tokens=384)
 
     _stage(f"train a DFlash drafter (D-PACE, {plan.train_steps} steps)", started)
+    # The CPU recipe's levers (README, Study): one late target layer (N - 2) and an 8,192-token draft vocabulary.
     config = TrainConfig(target=target, data=str(data), out_dir=str(out / "train"), max_length=768, num_layers=1,
-                         block_size=8, objective="dpace", lr=6e-4, max_steps=plan.train_steps, num_anchors=64,
-                         draft_vocab_size=32768, features="cached", save_every=max(10, plan.train_steps // 4),
-                         log_every=10, threads=threads)
+                         block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
+                         max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
+                         save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
     drafter_dir = out / "train" / "final"
     if not (drafter_dir / "model.safetensors").exists():
         train(config, resume=latest_checkpoint(Path(config.out_dir)) is not None)
@@ -98,6 +99,19 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     summary = write_summary(out, results, lossless, time.perf_counter() - started)
     _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
     return out / "bench" / "report.md"
+
+
+def late_layer(target: str) -> int:
+    """Target layer N - 2 (of N decoder layers), read from the model's config.json without loading weights."""
+    from transformers import AutoConfig
+
+    from .assets import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(target))
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config.get_text_config(), "num_hidden_layers")
+    if layers < 3:
+        raise ConfigError(f"target {target} has {layers} decoder layers; a drafter needs at least 3 to read layer N - 2")
+    return layers - 2
 
 
 def check_lossless_fp32(target_name: str, drafter_dir: Path, dataset: str, *, tokens: int) -> dict:
