@@ -64,3 +64,30 @@ def teacher_forced_block(target, drafter, *, proposals: int = 5, seed: int = 9, 
         batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features,
                            out.logits if with_logits else None, torch.tensor([ids.shape[1] - 1]), **batch_options)
     return proposal, batch
+
+
+def assert_same_proposals(target, drafter_a, drafter_b, *, seed: int = 2) -> None:
+    """Two drafters (e.g. saved and reloaded) propose the same tokens and q, greedy and sampled."""
+    from blockdraft.config import SamplingConfig
+
+    prompt = prompts(1, seed=seed)[0]
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
+        for (tokens_a, q_a), (tokens_b, q_b) in zip(proposals(target, drafter_a, prompt, sampling),
+                                                    proposals(target, drafter_b, prompt, sampling), strict=True):
+            assert torch.equal(tokens_a, tokens_b)
+            if q_a is not None:
+                torch.testing.assert_close(q_a, q_b, rtol=0, atol=0)
+
+
+def write_chat_jsonl(path, count: int, *, user_words: int, assistant_words: int, vocab: int, seed: int) -> None:
+    """A ShareGPT-style JSONL of `count` random word conversations (training-data fixtures)."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    words = lambda n: " ".join(f"w{rng.randrange(vocab)}" for _ in range(n))  # noqa: E731
+    with open(path, "w") as handle:
+        for i in range(count):
+            row = {"id": str(i), "conversations": [{"role": "user", "content": words(user_words)},
+                                                   {"role": "assistant", "content": words(assistant_words)}]}
+            handle.write(json.dumps(row) + "\n")

@@ -2,7 +2,6 @@
 the table is derived from results.json, re-runs resume instead of retraining, and bad input is refused."""
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -13,18 +12,14 @@ from blockdraft.eval import compare as C
 from blockdraft.eval import metrics as M
 from blockdraft.tiny import save_tiny_chat_model
 
+from helpers import write_chat_jsonl
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     model = save_tiny_chat_model(root / "target", hidden_size=32, num_layers=4)
-    rng = random.Random(0)
-    with (root / "data.jsonl").open("w") as handle:
-        for i in range(10):
-            words = lambda n: " ".join(f"w{rng.randrange(40)}" for _ in range(n))
-            row = {"id": str(i), "conversations": [{"role": "user", "content": words(5)},
-                                                   {"role": "assistant", "content": words(24)}]}
-            handle.write(json.dumps(row) + "\n")
+    write_chat_jsonl(root / "data.jsonl", 10, user_words=5, assistant_words=24, vocab=40, seed=0)
     recipe = {"target": str(model), "data": str(root / "data.jsonl"), "out_dir": "unused", "max_length": 96,
               "block_size": 4, "num_layers": 1, "objective": "decay", "lr": 3e-3, "max_steps": 4, "num_anchors": 8,
               "save_every": 2, "log_every": 1, "target_dtype": "fp32", "autocast_bf16": False, "threads": 1,

@@ -7,7 +7,6 @@ head learns, and the head round-trips through checkpoints under `domino_head.`.
 """
 
 import json
-import random
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from blockdraft.tiny import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.domino import DOMINO_VARIANTS, domino, domino_lambda
 from blockdraft.train.loop import train
-from helpers import init_drafter, prompts, teacher_forced_block, tiny_target, trained_drafter
+from helpers import init_drafter, prompts, teacher_forced_block, tiny_target, trained_drafter, write_chat_jsonl
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 REDUCED_VOCAB = torch.arange(0, 256, 2)  # every other token of the tiny target
@@ -235,13 +234,7 @@ def test_save_load_round_trip(target, tmp_path):
 def chat(tmp_path_factory):
     root = tmp_path_factory.mktemp("domino")
     model = save_tiny_chat_model(root / "target", hidden_size=32, num_layers=4)
-    rng = random.Random(1)
-    with (root / "data.jsonl").open("w") as handle:
-        for i in range(8):
-            words = lambda n: " ".join(f"w{rng.randrange(40)}" for _ in range(n))
-            row = {"id": str(i), "conversations": [{"role": "user", "content": words(6)},
-                                                   {"role": "assistant", "content": words(30)}]}
-            handle.write(json.dumps(row) + "\n")
+    write_chat_jsonl(root / "data.jsonl", 8, user_words=6, assistant_words=30, vocab=40, seed=1)
     common = dict(target=str(model), data=str(root / "data.jsonl"), max_length=128, block_size=4, num_layers=1,
                   num_anchors=16, log_every=1, target_dtype="fp32", autocast_bf16=False, threads=1, seed=5)
     backbone = train(TrainConfig(**common, out_dir=str(root / "backbone"), objective="decay", lr=3e-3, max_steps=8,

@@ -24,7 +24,8 @@ from blockdraft.drafters.dspark import (HeadedDrafter, cost_aware_length, measur
 from blockdraft.drafters.heads import ConfidenceHead, MarkovHead, SlotHead
 from blockdraft.dspark_import import import_dspark
 from blockdraft.train.dspark import dspark_heads, head_batch, train_heads
-from helpers import init_drafter, own_text, prompts, proposals, teacher_forced_block, tiny_target, trained_drafter
+from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
+                     proposals, teacher_forced_block, tiny_target, trained_drafter)
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 RANK = 16
@@ -285,13 +286,7 @@ def test_save_load_round_trip_with_heads(target, tmp_path, variant):
     loaded = load_drafter(tmp_path / "d", target)
     assert isinstance(loaded, HeadedDrafter) and loaded.markov.variant == variant
     assert set(load_drafter_model(tmp_path / "d").state_dict()) == set(backbone.model.state_dict())
-    prompt = prompts(1, seed=2)[0]
-    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
-        for (tokens_a, q_a), (tokens_b, q_b) in zip(proposals(target, drafter, prompt, sampling),
-                                                    proposals(target, loaded, prompt, sampling), strict=True):
-            assert torch.equal(tokens_a, tokens_b)
-            if q_a is not None:
-                torch.testing.assert_close(q_a, q_b, rtol=0, atol=0)
+    assert_same_proposals(target, drafter, loaded)
 
 
 def test_dflash_checkpoint_without_heads_loads_unchanged(target, tmp_path):

@@ -26,7 +26,8 @@ from blockdraft.drafters.local_head import (MAX_FUSION_WEIGHT, DeLSFusionHead, L
                                             load_local_head, save_local_head, tokenizer_fingerprint)
 from blockdraft.tiny import save_tiny_chat_model
 from blockdraft.train.local_head import LocalHeadTrainConfig, fit_fusion_weights, fit_local_head
-from helpers import init_drafter, own_text, prompts, proposals, teacher_forced_block, tiny_target, trained_drafter
+from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
+                     proposals, teacher_forced_block, tiny_target, trained_drafter)
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 GRU_HIDDEN, RANK = 32, 16
@@ -307,13 +308,7 @@ def test_drafter_with_local_head_saves_and_loads(target, tmp_path, per_position)
     assert len(keys - head_keys) == 11 + 3  # the released backbone keys, unchanged
     loaded = load_drafter(tmp_path / "d", target)
     assert isinstance(loaded, HeadedDrafter) and [h.name for h in loaded.slot_heads] == ["local"]
-    prompt = prompts(1, seed=2)[0]
-    for sampling in (SamplingConfig(), SamplingConfig(temperature=1.0)):
-        for (tokens_a, q_a), (tokens_b, q_b) in zip(proposals(target, drafter, prompt, sampling),
-                                                    proposals(target, loaded, prompt, sampling), strict=True):
-            assert torch.equal(tokens_a, tokens_b)
-            if q_a is not None:
-                torch.testing.assert_close(q_a, q_b, rtol=0, atol=0)
+    assert_same_proposals(target, drafter, loaded)
 
 
 def test_cli_train_attach_and_learn_weights(tmp_path):

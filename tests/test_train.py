@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import socket
 
 import pytest
@@ -17,6 +16,8 @@ from blockdraft.train.checkpoint import TrainingError
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train
 
+from helpers import write_chat_jsonl
+
 OBJECTIVES = ["uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuation", "dpace_target", "accept_rate",
               "topk_mask", "dpakl", "l2r", "auf", "auf_decay"]
 
@@ -25,13 +26,7 @@ OBJECTIVES = ["uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuati
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     model = save_tiny_chat_model(root / "target", hidden_size=32, num_layers=4)
-    rng = random.Random(0)
-    with (root / "data.jsonl").open("w") as handle:
-        for i in range(12):
-            words = lambda n: " ".join(f"w{rng.randrange(60)}" for _ in range(n))
-            row = {"id": str(i), "conversations": [{"role": "user", "content": words(6)},
-                                                   {"role": "assistant", "content": words(30)}]}
-            handle.write(json.dumps(row) + "\n")
+    write_chat_jsonl(root / "data.jsonl", 12, user_words=6, assistant_words=30, vocab=60, seed=0)
     return root, model
 
 
