@@ -107,11 +107,14 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import time
+
     from .train.config import TrainConfig
     from .train.loop import train
 
     config = TrainConfig.load(args.config, args.overrides)
-    final = train(config, resume=args.resume)
+    deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
+    final = train(config, resume=args.resume, deadline=deadline)
     print(f"drafter written to {final}")
     return 0
 
@@ -160,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="recipe JSON (fields of TrainConfig)")
     p.add_argument("overrides", nargs="*", metavar="field=value", help="override recipe fields")
     p.add_argument("--resume", action="store_true", help="continue from out_dir's latest checkpoint")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop at the first step past this many minutes, with a checkpoint (--resume continues)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("demo", help="tiny target + drafter: a lossless speculative generation and its tau")
@@ -185,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_engine)
 
-    for module in ("assets", "data.regen", "train.bench", "quickstart", "eval.bench", "eval.compare", "dspark_import",
-                   "train.local_head"):
+    for module in ("assets", "data.regen", "train.bench", "quickstart", "eval.bench", "eval.compare", "eval.verify_cost",
+                   "dspark_import", "train.local_head"):
         try:
             imported = __import__(f"blockdraft.{module}", fromlist=["add_cli"])
         except ImportError as err:  # an optional extra is missing; the rest of the CLI still works

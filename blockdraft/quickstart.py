@@ -19,7 +19,8 @@ import torch
 
 from .config import ConfigError
 
-BETTER_RECIPE = "recipes/cpu-qwen2.5-coder-0.5b.json"
+RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b.json",
+           "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
 
 
 @dataclass(frozen=True)
@@ -42,27 +43,37 @@ class Plan:
                    bench_tokens=max(32, int(128 * scale)))
 
 
+# Shares of the time left after fetching; the rest goes to the float32 check and the report. Each
+# stage stops starting new work (a regeneration batch, a training step, a benchmark prompt) when its
+# share is spent, so the whole job keeps to the budget on a slow machine as on a fast one.
+SHARES = {"regen": 0.30, "train": 0.30, "bench": 0.25}
+
+
 def _stage(name: str, started: float) -> None:
-    print(f"\n== quickstart [{(time.perf_counter() - started) / 60:5.1f} min] {name}", flush=True)
+    print(f"\n== quickstart [{(time.monotonic() - started) / 60:5.1f} min] {name}", flush=True)
 
 
 def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen2.5-coder-1.5b-instruct",
                    draft_model: str = "qwen2.5-coder-0.5b-instruct", train_prompts: str = "sharegpt-code",
                    dataset: str = "humaneval", threads: int | None = None, fetch: bool = True) -> Path:
     from . import assets
+    from .checkpoints import load_drafter_model, save_drafter
     from .data.regen import regen, training_prompts
     from .eval.bench import BenchConfig, run_bench
+    from .target import batched_dtype, native_bf16
     from .train.checkpoint import latest_checkpoint
     from .train.config import TrainConfig
     from .train.loop import train
 
-    started = time.perf_counter()
+    started = time.monotonic()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plan = Plan.for_budget(budget)
     print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min -> {plan}", flush=True)
     if threads:
         torch.set_num_threads(threads)
+    hardware = hardware_note()
+    print(f"quickstart: {hardware}", flush=True)
 
     if fetch:
         _stage("fetch assets", started)
@@ -71,34 +82,68 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
                 assets.fetch(name)
         if train_prompts == "sharegpt-code":
             assets.fetch("sharegpt")
+    left = max(budget * 60 - (time.monotonic() - started), 60.0)
 
-    _stage(f"regenerate {plan.train_conversations} training answers with the target", started)
-    data = out / "regen.jsonl"
-    regen(target, training_prompts(train_prompts), plan.train_conversations, data,
-          max_new_tokens=plan.regen_tokens, batch_size=16, max_prompt_tokens=384)
+    data, train_dir, drafter_dir = out / "regen.jsonl", out / "train", out / "drafter"
+    training_started = drafter_dir.exists() or latest_checkpoint(train_dir) is not None
+    if not training_started:  # once training has begun, its data stays as it was
+        _stage(f"regenerate up to {plan.train_conversations} training answers with the target "
+               f"({SHARES['regen'] * left / 60:.1f} min)", started)
+        regen(target, training_prompts(train_prompts), plan.train_conversations, data,
+              max_new_tokens=plan.regen_tokens, batch_size=8, max_prompt_tokens=256, dtype="auto",
+              deadline=time.monotonic() + SHARES["regen"] * left)
+    conversations = sum(1 for line in data.open() if line.strip())
 
-    _stage(f"train a DFlash drafter (D-PACE, {plan.train_steps} steps)", started)
-    # The CPU recipe's levers (README, Study): one late target layer (N - 2) and an 8,192-token draft vocabulary.
-    config = TrainConfig(target=target, data=str(data), out_dir=str(out / "train"), max_length=768, num_layers=1,
-                         block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
-                         max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
-                         save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
-    drafter_dir = out / "train" / "final"
     if not (drafter_dir / "model.safetensors").exists():
-        train(config, resume=latest_checkpoint(Path(config.out_dir)) is not None)
+        _stage(f"train a DFlash drafter on {conversations} conversations (D-PACE, up to {plan.train_steps} steps, "
+               f"{SHARES['train'] * left / 60:.1f} min)", started)
+        # The CPU recipe's levers (README, Study): one late target layer (N - 2) and an 8,192-token draft
+        # vocabulary; bf16 autocast only where the hardware computes bf16 natively.
+        config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
+                             block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
+                             max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
+                             target_dtype="auto", autocast_bf16=native_bf16(),
+                             save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
+        trained = train(config, resume=latest_checkpoint(train_dir) is not None,
+                        deadline=time.monotonic() + SHARES["train"] * left)
+        # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
+        save_drafter(load_drafter_model(trained, dtype=torch.float32), drafter_dir,
+                     extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
+    steps = _trained_steps(train_dir)
 
-    _stage(f"benchmark on {dataset} ({plan.bench_prompts} prompts, {plan.bench_tokens} new tokens)", started)
-    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir}", f"hf-assisted:{draft_model}")
+    # Emulated bf16 makes every prefill and verify pass several times dearer: half the tokens keep a
+    # prompt's four runs inside the benchmark's share on such machines.
+    bench_tokens = plan.bench_tokens if native_bf16() else max(32, plan.bench_tokens // 2)
+    _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {bench_tokens} new tokens, "
+           f"{SHARES['bench'] * left / 60:.1f} min)", started)
+    # cost=measured: each round's block length follows this machine's verify-cost curve (README, Heads).
+    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},cost=measured", f"hf-assisted:{draft_model}")
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
-                        max_new_tokens=plan.bench_tokens, dtype="bf16", threads=threads)
-    results = run_bench(bench, out / "bench")
+                        max_new_tokens=bench_tokens, dtype="bf16", threads=threads)
+    results = run_bench(bench, out / "bench", deadline=time.monotonic() + SHARES["bench"] * left)
 
     _stage("check losslessness in float32", started)
-    lossless = check_lossless_fp32(target, drafter_dir, dataset, tokens=min(32, plan.bench_tokens))
+    lossless = check_lossless_fp32(target, drafter_dir, dataset, tokens=min(32, bench_tokens))
 
-    summary = write_summary(out, results, lossless, time.perf_counter() - started)
+    facts = {"conversations": conversations, "steps": steps, "planned_steps": plan.train_steps,
+             "hardware": hardware, "batched_dtype": str(batched_dtype()).replace("torch.", "")}
+    summary = write_summary(out, results, lossless, time.monotonic() - started, facts)
     _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
     return out / "bench" / "report.md"
+
+
+def hardware_note() -> str:
+    from .target import native_bf16
+
+    if native_bf16():
+        return "this machine computes bf16 natively: bf16 throughout"
+    return ("this CPU has no native bf16 (no AVX512-BF16/AMX): regeneration and training run in fp32; decoding stays "
+            "bf16, where a k-token verify pass costs roughly k one-token steps, so block drafting has little room here")
+
+
+def _trained_steps(train_dir: Path) -> int:
+    pointer = train_dir / "latest.json"
+    return json.loads(pointer.read_text())["step"] if pointer.exists() else 0
 
 
 def late_layer(target: str) -> int:
@@ -130,16 +175,22 @@ def check_lossless_fp32(target_name: str, drafter_dir: Path, dataset: str, *, to
     return {"prompt": prompt.id, "tokens": tokens, "identical": plain == spec}
 
 
-def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float) -> Path:
-    """A plain-language verdict next to the numbers, derived from results.json."""
+def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, facts: dict | None = None) -> Path:
+    """A plain-language verdict next to the numbers, derived from results.json (and the stages' `facts`)."""
     from .eval import metrics as M
 
+    facts = facts or {}
     units = M.units_by_run(results)  # every dataset pooled
     ar_units = units.get(("ar", None), {})
     speedups = {run: M.speedup_estimate(ar_units, run_units) for run, run_units in units.items() if run[0] != "ar"}
     taus = {run: M.tau_estimate(run_units) for run, run_units in units.items()}
-    lines = ["# blockdraft quickstart", "", f"Total time: {elapsed_s / 60:.1f} min. Full report: bench/report.md.", "",
-             "| run | tau | speedup vs plain decoding [95% CI] |", "|---|---|---|"]
+    prompts = len({(r["dataset"], r["prompt_id"]) for r in results["records"]})
+    lines = ["# blockdraft quickstart", "", f"Total time: {elapsed_s / 60:.1f} min. Full report: bench/report.md.", ""]
+    if facts:
+        lines += [f"Trained on {facts['conversations']} regenerated conversations for {facts['steps']} of "
+                  f"{facts['planned_steps']} planned steps; benchmarked on {prompts} prompt(s). "
+                  f"Hardware: {facts['hardware']}.", ""]
+    lines += ["| run | tau | speedup vs plain decoding [95% CI] |", "|---|---|---|"]
     for run in units:
         tau = taus.get(run)
         speed = speedups.get(run)
@@ -147,12 +198,13 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float) ->
         lines.append(f"| `{run[0]}` | {'n/a' if tau is None else f'{tau.value:.2f}'} | {speed_text} |")
     lines.append("")
     small = [s for run, s in speedups.items() if run[0].startswith("small-ar") and s is not None]
+    recipe = better_recipe(results.get("config", {}).get("target", ""))
     for run, speed in speedups.items():
         if run[0].startswith("dflash") and speed is not None and speed.value < 1.0:
             small_text = f" The small-AR draft reaches {_fmt(small[0])} on the same prompts." if small else ""
             lines.append(f"**The drafter trained in this quickstart is slower than plain decoding ({_fmt(speed)}).** "
                          f"A drafter trained for minutes on a CPU has seen a few thousand examples and needs far more."
-                         f"{small_text} Train a better one with `blockdraft train --config {BETTER_RECIPE}` "
+                         f"{small_text} Train a better one with `blockdraft train --config {recipe}` "
                          f"(README, section Study).")
     lines.append("")
     verdict = "identical" if lossless["identical"] else "DIFFERENT (please report this)"
@@ -164,10 +216,15 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float) ->
     return path
 
 
+def better_recipe(target: str) -> str:
+    """The repository's CPU recipe for this target (the 0.5B study recipe when there is none)."""
+    return RECIPES.get(Path(str(target)).name, RECIPES["qwen2.5-coder-0.5b-instruct"])
+
+
 def _fmt(estimate) -> str:
-    if estimate is None:
-        return "n/a"
-    return f"{estimate.value:.2f}x [{estimate.low:.2f}, {estimate.high:.2f}]"
+    from .eval.report import format_interval
+
+    return format_interval(estimate, "x")
 
 
 def add_cli(subparsers) -> None:

@@ -21,13 +21,38 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.floa
           "fp16": torch.float16, "float16": torch.float16}
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def native_bf16(device: str | torch.device = "cpu") -> bool:
+    """Whether `device` multiplies bf16 matrices in hardware (CUDA; CPUs with AVX512-BF16 or AMX).
+
+    Elsewhere (e.g. AVX2-only CPUs) PyTorch emulates bf16 and a pass costs time in proportion to its
+    tokens: measured on a 2-core AMD EPYC (Zen 3, AVX2) with the 0.5B target, a 64-token bf16 pass took
+    3.9 s against 1.1 s in fp32, while a 1-token step stayed faster in bf16 (101 ms against 199 ms).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu":
+        return False
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def batched_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """The faster dtype for many-token passes (regeneration, feature caching, training): bf16 where
+    the hardware has it natively, else fp32."""
+    return torch.bfloat16 if native_bf16(device) else torch.float32
+
+
+def parse_dtype(dtype: str | torch.dtype, device: str | torch.device | None = None) -> torch.dtype:
+    """A dtype from its name; `auto` is `batched_dtype` of `device` (default: CUDA if present, else CPU)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return batched_dtype(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16") from None
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16, auto") from None
 
 
 @dataclass
@@ -142,10 +167,10 @@ def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: 
     if isinstance(path_or_model, PreTrainedModel):
         model = path_or_model
         if dtype is not None or device is not None:
-            model = model.to(device=device, dtype=parse_dtype(dtype) if dtype else None)
+            model = model.to(device=device, dtype=parse_dtype(dtype, device) if dtype else None)
         return Target(model)
     path = resolve_model_path(path_or_model)
-    kwargs = {"dtype": parse_dtype(dtype) if dtype else "auto"}
+    kwargs = {"dtype": parse_dtype(dtype, device) if dtype else "auto"}
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:

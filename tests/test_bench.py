@@ -126,6 +126,16 @@ def test_interrupted_run_resumes_with_only_the_missing_prompts(assets, tmp_path,
     assert "Measured over 3 sessions" in (out / "report.md").read_text()
 
 
+def test_max_minutes_stops_between_prompts_and_a_rerun_measures_the_rest(assets, tmp_path, capsys):
+    out = tmp_path / "timed"
+    assert main(bench_args(assets, out, "--max-minutes", "0", n="3", tokens="4")) == 0  # due at once
+    assert "out of time after 1 of 3" in capsys.readouterr().err
+    measured = lambda: sorted({r["prompt_id"] for r in json.loads((out / "results.json").read_text())["records"]})  # noqa: E731
+    assert measured() == ["T/0"] and (out / "report.md").exists()
+    assert main(bench_args(assets, out, n="3", tokens="4")) == 0
+    assert measured() == ["T/0", "T/1", "T/2"]
+
+
 def test_a_folder_with_another_configuration_is_refused_unless_overwrite(assets, tmp_path, capsys):
     out = tmp_path / "cfg"
     assert main(bench_args(assets, out, tokens="4")) == 0

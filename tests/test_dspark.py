@@ -182,6 +182,23 @@ def test_cost_aware_pruning_uses_the_verify_curve(target):
         assert all(proposed == min(expected, cap) for proposed, cap in proposed_vs_cap(result, 5, 30))
 
 
+def test_pruning_without_a_confidence_head_uses_the_peak_draft_probability(target):
+    backbone = init_drafter(target, num_layers=1, block_size=6, seed=3)
+    prompt = prompts(1, seed=8)[0]
+    reference = plain(target, prompt, 30)
+    never, always = HeadedDrafter(backbone, confidence_threshold=1.0), HeadedDrafter(backbone, confidence_threshold=1e-9)
+    for drafter, expected in ((never, 1), (always, 5)):  # a peak probability is < 1 and > 1e-9 for a random drafter
+        result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
+        assert result.tokens == reference
+        assert all(proposed == min(expected, cap) for proposed, cap in proposed_vs_cap(result, 5, 30))
+    steep = HeadedDrafter(backbone, verify_cost={0: 1.0, 5: 6.0}, draft_cost=0.5)  # a round's cost grows fast
+    result = blockdraft.generate(target, steep, prompt, max_new_tokens=30, stop_token_ids=())
+    assert result.tokens == reference and all(p == min(1, cap) for p, cap in proposed_vs_cap(result, 5, 30))
+    flat = HeadedDrafter(backbone, verify_cost=[1.0] * 6, draft_cost=0.5)  # more proposals never cost more
+    result = blockdraft.generate(target, flat, prompt, max_new_tokens=30, stop_token_ids=())
+    assert result.tokens == reference and all(p == min(5, cap) for p, cap in proposed_vs_cap(result, 5, 30))
+
+
 def test_measure_verify_cost_times_the_target(target):
     costs = measure_verify_cost(target, [0, 3, 7], repeats=2, context=16)
     assert set(costs) == {0, 3, 7} and all(t > 0 for t in costs.values())
@@ -200,19 +217,25 @@ def small_target():
     return make_target()
 
 
-@pytest.mark.parametrize("case", ["linear_reduced_vocab", "rnn_topk_topp_pruned"])
+@pytest.mark.parametrize("case", ["linear_reduced_vocab", "rnn_topk_topp_pruned", "gated_cost_aware",
+                                  "linear_own_confidence"])
 def test_sampling_with_markov_head_matches_target_distribution(small_target, case):
     sampling = SamplingConfig(temperature=1.0)
-    threshold, out_vocab, draft_vocab = 0.0, None, None
+    threshold, out_vocab, draft_vocab, cost = 0.0, None, None, None
     variant = case.split("_")[0]
     if case == "rnn_topk_topp_pruned":
         sampling, threshold = SamplingConfig(temperature=0.8, top_k=5, top_p=0.9), 0.5
     if case == "linear_reduced_vocab":  # q is zero on 3 of the 8 tokens; q_k is mapped to the target ids
         draft_vocab = torch.tensor([0, 2, 3, 5, 6])
         out_vocab = 5
+    if case == "gated_cost_aware":  # the second proposal is kept or cut depending on c_2, which reads x_1
+        cost = [1.0, 1.3, 1.6]
     backbone = init_drafter(small_target, num_layers=1, block_size=3, draft_vocab=draft_vocab)
     markov, confidence = random_heads(small_target, variant, seed=2, scale=2.0, out_vocab=out_vocab)
-    drafter = HeadedDrafter(backbone, markov, confidence, confidence_threshold=threshold)
+    if case == "linear_own_confidence":  # no confidence head: c_k is the slot's peak draft probability
+        confidence, threshold = None, 0.4
+    drafter = HeadedDrafter(backbone, markov, confidence, confidence_threshold=threshold, verify_cost=cost,
+                            draft_cost=None if cost is None else 0.2)
     counts = draw(small_target, drafter, sampling, DRAWS)
     assert chi_square_p(counts, exact_joint(small_target, sampling), DRAWS) > 1e-3
 
@@ -243,10 +266,6 @@ def test_bad_input_gets_clear_errors(target):
     for threshold in (-0.1, 1.5, float("nan")):
         with pytest.raises(ConfigError, match="confidence_threshold"):
             HeadedDrafter(backbone, markov, confidence, confidence_threshold=threshold)
-    with pytest.raises(ConfigError, match="needs a confidence head"):
-        HeadedDrafter(backbone, markov, None, confidence_threshold=0.5)
-    with pytest.raises(ConfigError, match="needs a confidence head"):
-        HeadedDrafter(backbone, markov, None, verify_cost=[1.0] * 4)
     with pytest.raises(ConfigError, match="Markov features"):
         HeadedDrafter(backbone, None, confidence)
     with pytest.raises(ConfigError, match="vocabulary"):

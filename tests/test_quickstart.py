@@ -22,7 +22,8 @@ def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
     assert "`dflash:" in summary and "`small-ar:" in summary and "`hf-assisted:" in summary
     results = json.loads((tmp_path / "qs" / "bench" / "results.json").read_text())
     assert {r["method"].split(":")[0] for r in results["records"]} == {"ar", "small-ar", "dflash", "hf-assisted"}
-    assert (tmp_path / "qs" / "train" / "final" / "model.safetensors").exists()
+    assert (tmp_path / "qs" / "drafter" / "model.safetensors").exists()
+    assert "regenerated conversations" in summary and "Hardware:" in summary
 
 
 def test_budget_scales_the_plan():

@@ -56,6 +56,18 @@ def test_regen_writes_rows_and_resumes_after_a_kill(tiny_folder, tmp_path):
     assert R.regen(str(tiny_folder), prompts(7), 7, out, **kwargs).written == 0
 
 
+def test_deadline_stops_between_batches_and_a_rerun_finishes(tiny_folder, tmp_path):
+    import time
+
+    out = tmp_path / "regen.jsonl"
+    kwargs = dict(max_new_tokens=4, temperature=0.0, batch_size=2, dtype="fp32", progress=False)
+    stats = R.regen(str(tiny_folder), prompts(6), 6, out, deadline=time.monotonic(), **kwargs)  # already due
+    assert (stats.written, stats.stopped_early) == (2, True)  # one batch always runs
+    stats = R.regen(str(tiny_folder), prompts(6), 6, out, deadline=time.monotonic() + 600, **kwargs)
+    assert (stats.written, stats.already_done, stats.stopped_early) == (4, 2, False)
+    assert sorted(r["id"] for r in rows(out)) == [f"p{i}" for i in range(6)]
+
+
 def test_greedy_batching_matches_one_by_one(tiny_folder, tmp_path):
     kwargs = dict(max_new_tokens=5, temperature=0.0, dtype="fp32", progress=False)
     R.regen(str(tiny_folder), prompts(5), 5, tmp_path / "batched.jsonl", batch_size=5, **kwargs)

@@ -72,3 +72,18 @@ def test_embeddings_lm_head_and_eos_are_exposed():
     assert target.eos_token_ids() == [254]
     with pytest.raises(ValueError):
         Target.crop(target.new_cache(), 5)
+
+
+def test_auto_dtype_follows_native_bf16(monkeypatch):
+    from blockdraft.target import batched_dtype, native_bf16, parse_dtype
+
+    assert native_bf16("cuda") and batched_dtype("cuda") == torch.bfloat16
+    for avx512_bf16, amx, expected in [(False, False, torch.float32), (True, False, torch.bfloat16),
+                                       (False, True, torch.bfloat16)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        assert native_bf16("cpu") == (expected == torch.bfloat16)
+        assert parse_dtype("auto", "cpu") == expected
+    assert parse_dtype("bf16", "cpu") == torch.bfloat16  # an explicit dtype is never overridden
+    with pytest.raises(ConfigError, match="auto"):
+        parse_dtype("bf8")

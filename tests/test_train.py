@@ -79,6 +79,21 @@ def test_resume_continues_to_the_same_weights(setup, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_deadline_stops_with_a_checkpoint_and_resume_finishes_the_same_run(setup, tmp_path):
+    import time
+
+    whole = train(make_config(setup, tmp_path / "whole"))
+    config = make_config(setup, tmp_path / "timed", save_every=100)
+    stopped = train(config, deadline=time.monotonic())  # due at once: one step, then a checkpoint
+    assert stopped.name == "step_000001" and (stopped / "model.safetensors").exists()
+    assert json.loads((tmp_path / "timed" / "latest.json").read_text())["step"] == 1
+    assert not (tmp_path / "timed" / "final").exists()
+    resumed = train(config, resume=True, deadline=time.monotonic() + 600)
+    assert resumed == tmp_path / "timed" / "final"
+    for key, tensor in weights(whole).items():
+        torch.testing.assert_close(weights(resumed)[key], tensor, rtol=0, atol=0)
+
+
 def test_resume_with_another_config_is_refused(setup, tmp_path):
     train(make_config(setup, tmp_path / "run"), stop_after=2)
     with pytest.raises(ConfigError, match="different config.*lr"):

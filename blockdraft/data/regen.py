@@ -35,6 +35,7 @@ class RegenStats:
     too_long: int  # prompts skipped because they exceed max_prompt_tokens
     completion_tokens: int
     seconds: float
+    stopped_early: bool = False  # the deadline came before the selection was done (re-run to resume)
 
     @property
     def tokens_per_second(self) -> float:
@@ -96,11 +97,15 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_jsonl: str | os.PathLike, *,
           max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 16, seed: int = 0,
-          max_prompt_tokens: int = 1024, dtype: str | torch.dtype = "bf16", progress: bool = True) -> RegenStats:
+          max_prompt_tokens: int = 1024, dtype: str | torch.dtype = "auto", progress: bool = True,
+          deadline: float | None = None) -> RegenStats:
     """Answer the first `n` usable prompts (first turn only) with the target and append them to `out_jsonl`.
 
     `target` is a model folder or a `blockdraft assets` name. Prompts longer than
     `max_prompt_tokens` tokens are skipped (deterministically, so a resumed run selects the same set).
+    `dtype="auto"` is bf16 where the hardware has it and fp32 elsewhere (`target.batched_dtype`).
+    `deadline` (a `time.monotonic()` value) stops before a batch that the previous batch's duration
+    says would end after it; at least one batch runs, and a re-run continues where it stopped.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -149,8 +154,13 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
     out_jsonl.parent.mkdir(parents=True, exist_ok=True)
     generated_tokens, generate_seconds, written = 0, 0.0, 0
     bar = tqdm(total=len(selected), initial=already, desc="regen", unit="conv", disable=not progress)
+    last_batch_s, stopped_early = 0.0, False
     with open(out_jsonl, "a", encoding="utf-8") as out:
         for start in range(0, len(todo), batch_size):
+            if deadline is not None and written and time.monotonic() + last_batch_s > deadline:
+                stopped_early = True
+                break
+            batch_started = time.monotonic()
             batch = todo[start:start + batch_size]
             inputs = tokenizer([text for _, text, _ in batch], return_tensors="pt", padding=True,
                                add_special_tokens=False)
@@ -178,8 +188,9 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
             os.fsync(out.fileno())
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{generated_tokens / max(generate_seconds, 1e-9):.1f}")
+            last_batch_s = time.monotonic() - batch_started
     bar.close()
-    return RegenStats(written, already, too_long, generated_tokens, generate_seconds)
+    return RegenStats(written, already, too_long, generated_tokens, generate_seconds, stopped_early)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,10 +227,12 @@ def _cli(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     stats = regen(args.target, training_prompts(args.prompts), args.n, args.out, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
-                  max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype)
+                  max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype,
+                  deadline=None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes)
     print(f"regen: {stats.written} rows written to {args.out} ({stats.already_done} already there, "
           f"{stats.too_long} prompts skipped as too long); {stats.completion_tokens} tokens in "
-          f"{stats.seconds:.0f} s = {stats.tokens_per_second:.1f} tok/s")
+          f"{stats.seconds:.0f} s = {stats.tokens_per_second:.1f} tok/s"
+          + ("; stopped at --max-minutes, re-run to continue" if stats.stopped_early else ""))
     return 0
 
 
@@ -236,7 +249,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward (left padded)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts")
-    parser.add_argument("--dtype", default="bf16", help="bf16 (fast on CPU), fp32 or fp16")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 where the hardware has it natively, else "
+                        "fp32: emulated bf16 makes batched passes several times slower), bf16, fp32 or fp16")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop starting batches after this many minutes (re-run to continue)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.set_defaults(func=_cli)
     return parser

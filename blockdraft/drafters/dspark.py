@@ -5,11 +5,15 @@ One round of `HeadedDrafter.propose`:
   2. a cheap left-to-right loop picks x_k from U_k + bias(x_{k-1}) (x_0 = the anchor), by argmax
      or by sampling; when sampling, the full distribution q_k of every slot goes to the verifier,
      which keeps decoding lossless (q_k depends on the drafted prefix, as a small AR draft's does);
-  3. optional confidence pruning with c_k = σ(proj([h_k ; W1[x_{k-1}]])):
+  3. optional confidence pruning with c_k = σ(proj([h_k ; W1[x_{k-1}]])), or, without a confidence
+     head, c_k = max_v q_k(v), the peak of the slot's own draft distribution:
        - threshold: cut the block before the first slot with c_k < threshold (at least 1 proposal);
-       - cost-aware: keep the k maximising expected committed tokens per unit of round time,
+       - cost-aware: grow the block while expected committed tokens per unit of round time,
              (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k)),
-         with t_verify(k) the time of a target pass over k+1 tokens (`measure_verify_cost`).
+         still rises, with t_verify(k) the time of a target pass over k+1 tokens (`measure_verify_cost`).
+Both rules decide on slot k from c_1..c_k, which depend only on the tokens drafted before slot k:
+whether x_k is proposed never depends on x_k itself, so sampled verification stays lossless (a
+rule looking at later slots' c would propose x_k more often for some values of x_k than others).
 Pruning only shortens the proposal; what is emitted is still decided by the lossless verifier.
 The decoding loop sees the same `Drafter` protocol as for any other drafter.
 """
@@ -47,13 +51,11 @@ class HeadedDrafter:
         `heads.SlotHead`). `use_markov` / `use_slot_heads` = False keep the heads loaded but draft without
         them (the on/off comparisons). `verify_cost` turns on cost-aware pruning: t_verify(k) for
         k = 0..max_proposals (seconds, or any unit shared with `draft_cost`). `draft_cost` None = this
-        round's measured drafting time."""
+        round's measured backbone time. Pruning without a confidence head uses each slot's peak draft
+        probability as c_k."""
         config = backbone.config
         if not (isinstance(confidence_threshold, (int, float)) and 0.0 <= confidence_threshold <= 1.0):
             raise ConfigError(f"confidence_threshold must lie in [0, 1] (0 = no pruning), got {confidence_threshold!r}")
-        if (confidence_threshold > 0 or verify_cost is not None) and confidence is None:
-            raise ConfigError("confidence pruning needs a confidence head: pass confidence=ConfidenceHead(...), or "
-                              "leave confidence_threshold at 0 and verify_cost at None")
         if draft_cost is not None and not draft_cost >= 0:
             raise ConfigError(f"draft_cost must be >= 0 (or None to measure it), got {draft_cost}")
         draft_vocab = config.draft_vocab_size or config.vocab_size
@@ -125,8 +127,9 @@ class HeadedDrafter:
         base = self.backbone.head(hidden).float()  # (k, V_draft) U_k
         head = self.backbone.head
         markov = self.markov if self.use_markov else None
-        pruning = self.confidence is not None and (self.confidence_threshold > 0 or self.verify_cost is not None)
-        need_features = pruning and self.confidence.with_markov
+        pruning = self.confidence_threshold > 0 or self.verify_cost is not None
+        need_features = pruning and self.confidence is not None and self.confidence.with_markov
+        draft_s = self._draft_seconds(started, ids.device) if self.verify_cost is not None else 0.0
         prev = ids[0, -1]  # the anchor: the previous token of the first slot (target id)
         state = markov.initial_state(()) if markov is not None else None
         slot_heads = self.active_slot_heads
@@ -134,13 +137,6 @@ class HeadedDrafter:
         tokens, dists, step_logits, confidences = [], [], [], []
         unconfident = False  # a slot so far had c_k < threshold
         for k in range(k_max):
-            if pruning:
-                features = self.markov.prev_embeddings(prev) if need_features else None
-                c_k = torch.sigmoid(self.confidence(hidden[k], features))  # () float32
-                unconfident = unconfident or bool(c_k < self.confidence_threshold)
-                if unconfident and k >= 1 and self.verify_cost is None:
-                    break  # threshold pruning: the block ends before the first unconfident slot (>= 1 kept)
-                confidences.append(c_k)
             logits = base[k]
             if markov is not None:
                 bias, state = markov.step(prev, hidden[k], state)
@@ -148,24 +144,30 @@ class HeadedDrafter:
             for i, slot_head in enumerate(slot_heads):
                 logits, head_states[i] = slot_head.step(k, prev, hidden[k], logits, head_states[i])
                 logits = logits.float()
+            if pruning:  # decided from x_{<k} only, before x_k is drawn
+                if self.confidence is not None:
+                    features = self.markov.prev_embeddings(prev) if need_features else None
+                    c_k = torch.sigmoid(self.confidence(hidden[k], features))  # () float32
+                else:
+                    c_k = torch.softmax(logits, dim=-1).max()  # () the slot's peak draft probability
+                unconfident = unconfident or bool(c_k < self.confidence_threshold)
+                if k >= 1 and (unconfident or (self.verify_cost is not None and cost_aware_length(
+                        torch.stack(confidences + [c_k]), self.verify_cost, draft_s) <= k)):
+                    break  # the block ends before slot k (>= 1 kept)
+                confidences.append(c_k)
             token, q_k = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
             tokens.append(token)
             dists.append(q_k)
             step_logits.append(logits)
             prev = head.to_target_ids(token)
-        keep = len(tokens)
-        if self.verify_cost is not None and keep:
-            confidence = torch.stack(confidences)
-            keep = cost_aware_length(confidence, self.verify_cost, self._draft_seconds(started, ids.device))
-            keep = min(keep, _threshold_length(confidence, self.confidence_threshold))
         self.last_confidence = torch.stack(confidences) if confidences else None
         if not tokens:
             return Proposal(tokens=ids.new_empty(0))
-        draft_ids = torch.stack(tokens[:keep])  # (k,) draft-vocabulary ids
-        q_draft = torch.stack(dists[:keep]) if dists[0] is not None else None  # (k, V_draft) or one-hot
+        draft_ids = torch.stack(tokens)  # (k,) draft-vocabulary ids
+        q_draft = torch.stack(dists) if dists[0] is not None else None  # (k, V_draft) or one-hot
         # logits: the Markov-corrected U_k + bias_k each token was chosen from.
         return Proposal(tokens=head.to_target_ids(draft_ids), q_draft=head.to_target_probs(q_draft),
-                        logits=torch.stack(step_logits[:keep]))
+                        logits=torch.stack(step_logits))
 
     def _draft_seconds(self, started: float, device: torch.device) -> float:
         if self.draft_cost is not None:
@@ -175,24 +177,23 @@ class HeadedDrafter:
         return time.perf_counter() - started
 
 
-def _threshold_length(confidence: torch.Tensor, threshold: float) -> int:
-    """Slots before the first c_k < threshold, at least 1 (seeds/001 §6)."""
-    below = (confidence < threshold).nonzero()
-    return max(1, int(below[0])) if below.numel() else confidence.shape[0]
-
-
 def cost_aware_length(confidence: torch.Tensor, verify_cost: Callable[[int], float], draft_cost: float) -> int:
-    """k in 1..K maximising (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k)); confidence (K,).
+    """The block length k in 1..K up to which the rate (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k))
+    keeps rising; confidence (K,).
 
     The numerator is the expected committed tokens of a round verifying k proposals when c_k is the
     chance slot k survives given the slots before it (seeds/001 §5; acceptance.prefix_products):
-    E[accepted] = Σ_{i≤k} Π_{j≤i} c_j, plus the correction/bonus token. Ties go to the shorter block.
+    E[accepted] = Σ_{i≤k} Π_{j≤i} c_j, plus the correction/bonus token. The block stops growing at
+    the first slot that does not raise the rate (ties go to the shorter block), so slot k is kept on
+    c_1..c_k alone; for falling confidences and a convex cost curve that is the rate's maximum.
     """
     expected = 1.0 + torch.cumsum(acceptance.prefix_products(confidence.double()), dim=0)  # (K,)
     costs = torch.tensor([draft_cost + verify_cost(k) for k in range(1, confidence.shape[0] + 1)], dtype=torch.float64)
     if not bool((costs > 0).all()):
         raise ConfigError(f"round costs must be positive, got t_draft + t_verify(k) = {costs.tolist()}")
-    return int(torch.argmax(expected / costs)) + 1
+    rates = expected / costs
+    falls = (rates[1:] <= rates[:-1]).nonzero()
+    return int(falls[0]) + 1 if falls.numel() else confidence.shape[0]
 
 
 def _cost_function(curve: VerifyCost, max_proposals: int) -> Callable[[int], float]:

@@ -302,11 +302,13 @@ def _progress(records: list[dict]) -> str:
 
 
 def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = False,
-              log: Callable[[str], None] = _stderr) -> dict:
+              log: Callable[[str], None] = _stderr, deadline: float | None = None) -> dict:
     """Measure every pending prompt, then write the report; returns the results dict.
 
     All checks (configuration, existing folder, prompt sets, models and drafters) happen before
-    anything is written.
+    anything is written. `deadline` (a `time.monotonic()` value) stops before a prompt that the
+    previous prompt's duration says would end after it (at least one prompt is measured); the
+    report covers the prompts measured, and a re-run measures the rest.
     """
     out_dir = Path(out_dir)
     existing = open_existing(out_dir, config, overwrite)
@@ -339,8 +341,14 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
         first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
         for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
             runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+        last_prompt_s = 0.0
         for number, (position, name, prompt) in enumerate(pending, 1):
+            if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
+                log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure the rest")
+                break
+            prompt_started = time.monotonic()
             new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners))
+            last_prompt_s = time.monotonic() - prompt_started
             results["records"].extend(new)
             session["prompts_measured"] += 1
             write_json_atomic(out_dir / RESULTS, results)
@@ -362,7 +370,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          top_k=args.top_k, block_sizes=tuple(args.block_size) if args.block_size else None,
                          dtype=args.dtype, threads=args.threads, device=args.device, seed=args.seed,
                          record_q=not args.no_record_q)
-    run_bench(config, args.out, overwrite=args.overwrite)
+    run_bench(config, args.out, overwrite=args.overwrite,
+              deadline=None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes)
     print(f"results: {Path(args.out) / RESULTS}\nreport:  {Path(args.out) / 'report.md'}")
     return 0
 
@@ -400,6 +409,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-record-q", action="store_true", help="skip the drafter q per proposal (no surrogate check)")
     p.add_argument("--overwrite", action="store_true", help="replace results of a different configuration in --out")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop starting prompts after this many minutes (re-run to measure the rest)")
     p.add_argument("--out", required=True, help="output folder: results.json, report.md, *.png")
     p.set_defaults(func=cmd_bench)
 

@@ -9,7 +9,8 @@ Spec strings (`blockdraft bench --method ...`):
   B = its own). Options for checkpoints with heads (`DFLASH_OPTIONS`): `markov=on|off` (draft with or
   without the DSpark Markov head), `heads=on|off` (the other slot heads: DeLS fusion, Domino),
   `threshold=T` (confidence pruning at T in [0, 1]), `cost=measured` (cost-aware pruning against a
-  verify-cost curve timed on this machine at load), so `dflash:D,markov=off` and
+  verify-cost curve timed on this machine at load; both work on any DFlash drafter, with c_k its peak
+  draft probability where it has no confidence head), so `dflash:D,markov=off` and
   `dflash:D,threshold=0.5` are separate runs of one checkpoint (the Markov on/off comparison and the
   confidence sweep);
 - `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
@@ -107,7 +108,9 @@ def _with_options(drafter, options: dict[str, str], target: Target, path: str):
     if not options:
         return drafter
     if not isinstance(drafter, HeadedDrafter):
-        raise ConfigError(f"dflash options {sorted(options)} need a drafter with heads; {path} has none")
+        if {"markov", "heads"} & set(options):
+            raise ConfigError(f"dflash options markov/heads need a drafter with heads; {path} has none")
+        drafter = HeadedDrafter(drafter)  # pruning alone: c_k is each slot's peak draft probability
     verify_cost = None
     if options.get("cost") == "measured":
         verify_cost = measure_verify_cost(target, list(range(drafter.max_proposals + 1)))

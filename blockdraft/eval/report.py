@@ -21,9 +21,11 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _interval(estimate: M.Estimate | None, suffix: str = "") -> str:
+def format_interval(estimate: M.Estimate | None, suffix: str = "") -> str:
     if estimate is None:
         return "n/a"
+    if estimate.prompts < 2:  # resampling one prompt gives a zero-width interval, which would read as certainty
+        return f"{estimate.value:.2f}{suffix} (1 prompt: no interval)"
     return f"{estimate.value:.2f}{suffix} [{estimate.low:.2f}, {estimate.high:.2f}]"
 
 
@@ -105,8 +107,8 @@ def _speed_section(results: Mapping, plots: list[str]) -> list[str]:
             speedup = M.speedup_estimate(ar, run_units) if ar and run != ("ar", None) else None
             if speedup is not None and speedup.value < 1 and dataset == _datasets(results)[-1]:
                 slower.append(f"`{M.run_label(run)}` ({speedup.value:.2f}x)")
-            rows.append([f"`{M.run_label(run)}`", str(len(run_units)), _interval(M.tau_estimate(run_units)),
-                         "1 (baseline)" if run == ("ar", None) else _interval(speedup, "x"),
+            rows.append([f"`{M.run_label(run)}`", str(len(run_units)), format_interval(M.tau_estimate(run_units)),
+                         "1 (baseline)" if run == ("ar", None) else format_interval(speedup, "x"),
                          _fmt(tokens / seconds if seconds > 0 else None, 1)])
         lines += [f"### {dataset}", ""] + _table(["run", "prompts", "tau [95% CI]", "speedup vs ar [95% CI]",
                                                   "decode tok/s"], rows) + [""]
@@ -196,7 +198,7 @@ def _tau_vs_k_section(results: Mapping, plots: list[str]) -> list[str]:
     for dataset in _datasets(results):
         for method, points in M.tau_vs_k(results, dataset).items():
             for block_size, estimate in points:
-                rows.append([dataset, f"`{method}`", str(block_size), str(block_size - 1), _interval(estimate)])
+                rows.append([dataset, f"`{method}`", str(block_size), str(block_size - 1), format_interval(estimate)])
     if not rows:
         return []
     return (["## tau vs K", ""] + _table(["dataset", "method", "B", "K", "tau [95% CI]"], rows) + [""]

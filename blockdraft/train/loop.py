@@ -138,10 +138,14 @@ def _setup(config: TrainConfig):
     return device
 
 
-def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None) -> Path:
+def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
+          deadline: float | None = None) -> Path:
     """Train a drafter per `config`; returns the final checkpoint folder.
 
     `stop_after` ends the run after that many steps of this invocation (used to test resume).
+    `deadline` (a `time.monotonic()` value) ends it at the first step boundary past that time,
+    with a checkpoint there; the schedule still spans `max_steps`, so `--resume` continues it.
+    Both return the last checkpoint folder instead of `final`.
     """
     device = _setup(config)
     dist_info = Distributed.from_env(device)
@@ -313,11 +317,21 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             row = {"step": done, "eval": evaluate_heldout(model, drafter, data, config, headed)}
             with metrics_path.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
-        if done % config.save_every == 0 or done == config.max_steps:
+        out_of_time = deadline is not None and time.monotonic() > deadline
+        if dist_info.world_size > 1 and deadline is not None:  # every rank stops at the same step
+            flag = torch.tensor([float(out_of_time)], device=device)
+            out_of_time = bool(dist_info.all_reduce_sum(flag).item() > 0)
+        if done % config.save_every == 0 or done == config.max_steps or out_of_time:
             if dist_info.is_main:
                 last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config, heads=heads)
             if dist_info.world_size > 1:
                 dist.barrier()
+        if out_of_time and done < config.max_steps:
+            end_step = done
+            if dist_info.is_main:
+                print(f"\ntrain: out of time at step {done} of {config.max_steps}; checkpoint {last_good} "
+                      "(--resume continues)", flush=True)
+            break
     progress.close()
     final = out_dir / "final"
     if dist_info.is_main and end_step == config.max_steps:
