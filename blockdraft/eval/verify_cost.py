@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 
 import torch
 
 from ..config import ConfigError
 from ..drafters.dspark import measure_verify_cost
 from ..target import load_target, native_bf16
+from .bench import cpu_model
 
 
 def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 8, 16), repeats: int = 3,
@@ -59,7 +59,7 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
                              context=args.context, device=args.device)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     header = {"target": args.target, "device": device, "native_bf16": native_bf16(device),
-              "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+              "cpu": cpu_model(), "threads": torch.get_num_threads(),
               "capability": torch.backends.cpu.get_cpu_capability()}
     if args.json:
         print(json.dumps({**header, "rows": rows}, indent=2))
