@@ -98,11 +98,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
         _stage(f"train a DFlash drafter on {conversations} conversations (D-PACE, up to {plan.train_steps} steps, "
                f"{SHARES['train'] * left / 60:.1f} min)", started)
         # The CPU recipe's levers (README, Study): one late target layer (N - 2) and an 8,192-token draft
-        # vocabulary; bf16 autocast only where the hardware computes bf16 natively.
+        # vocabulary; bf16 (target and autocast) only where the hardware computes it natively.
         config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
                              block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
                              max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
-                             target_dtype="auto", autocast_bf16=native_bf16(),
+                             target_dtype="auto", autocast_bf16="auto",
                              save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
         trained = train(config, resume=latest_checkpoint(train_dir) is not None,
                         deadline=time.monotonic() + SHARES["train"] * left)
@@ -202,7 +202,7 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     for run, speed in speedups.items():
         if run[0].startswith("dflash") and speed is not None and speed.value < 1.0:
             small_text = f" The small-AR draft reaches {_fmt(small[0])} on the same prompts." if small else ""
-            lines.append(f"**The drafter trained in this quickstart is slower than plain decoding ({_fmt(speed)}).** "
+            lines.append(f"**The drafter trained in this quickstart is slower than plain decoding: {_fmt(speed)}.** "
                          f"A drafter trained for minutes on a CPU has seen a few thousand examples and needs far more."
                          f"{small_text} Train a better one with `blockdraft train --config {recipe}` "
                          f"(README, section Study).")

@@ -94,6 +94,20 @@ def test_deadline_stops_with_a_checkpoint_and_resume_finishes_the_same_run(setup
         torch.testing.assert_close(weights(resumed)[key], tensor, rtol=0, atol=0)
 
 
+def test_auto_precision_follows_the_hardware(setup, tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+        assert make_config(setup, tmp_path, autocast_bf16="auto").autocast(cpu) is native
+    assert make_config(setup, tmp_path, autocast_bf16=True).autocast(cpu) is True
+    assert make_config(setup, tmp_path, autocast_bf16=False).autocast(cpu) is False
+    with pytest.raises(ConfigError, match="autocast_bf16"):
+        make_config(setup, tmp_path, autocast_bf16="yes")
+    with pytest.raises(ConfigError, match="target_dtype"):
+        make_config(setup, tmp_path, target_dtype="bf8")
+
+
 def test_resume_with_another_config_is_refused(setup, tmp_path):
     train(make_config(setup, tmp_path / "run"), stop_after=2)
     with pytest.raises(ConfigError, match="different config.*lr"):

@@ -59,8 +59,10 @@ class TrainConfig:
     # features, precision, device
     features: str = "online"  # "online": target forward every step; "cached": precomputed once
     feature_cache: str | None = None  # folder of the cached features (default: <out_dir>/features)
-    target_dtype: str = "bf16"
-    autocast_bf16: bool = True
+    # "auto": bf16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32;
+    # emulated bf16 makes many-token passes several times slower (README, Hardware)
+    target_dtype: str = "auto"  # bf16, fp32 or auto
+    autocast_bf16: bool | str = "auto"  # true, false or auto
     device: str | None = None
     threads: int | None = None
     # held-out evaluation: the last `heldout` conversations of a seeded shuffle never train
@@ -95,6 +97,12 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.autocast_bf16 not in (True, False, "auto"):
+            raise ConfigError(f"autocast_bf16 must be true, false or \"auto\", got {self.autocast_bf16!r}")
+        from ..target import DTYPES
+
+        if self.target_dtype not in DTYPES and self.target_dtype != "auto":
+            raise ConfigError(f"target_dtype must be auto or one of {sorted(DTYPES)}, got {self.target_dtype!r}")
         if self.features not in FEATURE_MODES:
             raise ConfigError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
         if self.max_length < self.block_size + 1:
@@ -137,6 +145,12 @@ class TrainConfig:
             raise ConfigError(f"recipe {path} is not valid JSON: {err}") from None
         raw.pop("_comment", None)
         return cls.from_dict(apply_overrides(raw, overrides))
+
+    def autocast(self, device: torch.device) -> bool:
+        """Whether training runs under bf16 autocast on `device` (resolves "auto")."""
+        from ..target import native_bf16
+
+        return native_bf16(device) if self.autocast_bf16 == "auto" else bool(self.autocast_bf16)
 
     def resume_key(self) -> dict[str, Any]:
         """Fields that must match for a resume: everything but bookkeeping and the step budget."""

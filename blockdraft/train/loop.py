@@ -152,6 +152,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     torch.manual_seed(config.seed)
     out_dir = Path(config.out_dir)
     target = load_target(config.target, dtype=config.target_dtype, device=device)
+    use_autocast = config.autocast(device)
 
     start_step, state, resume_from = 0, None, None
     previous = latest_checkpoint(out_dir)
@@ -245,7 +246,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             with context:
                 base = None
                 if headed is not None:  # teacher-forced heads over the backbone's block pass
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
                         batch = head_batch(headed, input_ids, loss_mask, features, target_logits, anchors,
                                            model=wrapped, train_backbone=config.train_backbone, with_base=True)
                     logits, base, labels, mask = (batch["draft_logits"], batch["base_logits"], batch["labels"],
@@ -255,7 +256,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
                     blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size,
                                           drafter.config.mask_token_id)
                     labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
                         logits = block_logits(wrapped, target, features, blocks, first_slot, drafter.head)  # (n, K, V_draft)
                     t_logits = None
                     if target_logits is not None:
@@ -355,6 +356,7 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, he
     for head in heads:
         head.eval()
     device = drafter.target.device
+    use_autocast = config.autocast(device)
     parts, base_parts, accepted, blocks_seen = [], [], 0.0, 0
     for index in data.heldout:
         input_ids, loss_mask, features, target_logits = data.get(index)
@@ -364,7 +366,7 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, he
             continue
         # max_proposals + 1 = block_size in the DFlash layout; head_batch also serves the DSpark layout.
         blocks = build_blocks(input_ids, loss_mask, anchors, drafter.max_proposals + 1, drafter.config.mask_token_id)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast_bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
             if headed is not None:
                 batch = head_batch(headed, input_ids, loss_mask, features, target_logits, anchors, model=model,
                                    with_base=True)
