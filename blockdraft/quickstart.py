@@ -60,7 +60,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .checkpoints import load_drafter_model, save_drafter
     from .data.regen import regen, training_prompts
     from .eval.bench import BenchConfig, run_bench
-    from .target import batched_dtype, native_bf16
+    from .target import native_bf16
     from .train.checkpoint import latest_checkpoint
     from .train.config import TrainConfig
     from .train.loop import train
@@ -126,7 +126,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     lossless = check_lossless_fp32(target, drafter_dir, dataset, tokens=min(32, bench_tokens))
 
     facts = {"conversations": conversations, "steps": steps, "planned_steps": plan.train_steps,
-             "hardware": hardware, "batched_dtype": str(batched_dtype()).replace("torch.", "")}
+             "hardware": hardware}
     summary = write_summary(out, results, lossless, time.monotonic() - started, facts)
     _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
     return out / "bench" / "report.md"
