@@ -98,11 +98,10 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
         _stage(f"train a DFlash drafter on {conversations} conversations (D-PACE, up to {plan.train_steps} steps, "
                f"{SHARES['train'] * left / 60:.1f} min)", started)
         # The CPU recipe's levers (README, Study): one late target layer (N - 2) and an 8,192-token draft
-        # vocabulary; bf16 (target and autocast) only where the hardware computes it natively.
+        # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
         config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
                              block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
                              max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
-                             target_dtype="auto", autocast_bf16="auto",
                              save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
         trained = train(config, resume=latest_checkpoint(train_dir) is not None,
                         deadline=time.monotonic() + SHARES["train"] * left)
