@@ -1,5 +1,6 @@
 """The trainer: every objective runs, resume is exact, 2 processes equal 1, bad input is refused."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -245,6 +246,40 @@ def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
     assert not set(data.heldout) & set(data.train_ids) and len(data.heldout) == 3
     with pytest.raises(ConfigError, match="heldout"):
         train(make_config(setup, tmp_path / "all", heldout=100))
+
+
+def test_train_conversations_nest_and_keep_the_heldout_set(setup, tmp_path):
+    from blockdraft.target import load_target
+    from blockdraft.train.loop import Distributed, TrainingData
+
+    target = load_target(setup[1], dtype="fp32")
+    splits = {n: TrainingData(make_config(setup, tmp_path / str(n), heldout=3, train_conversations=n), target, (1,),
+                              Distributed()) for n in (2, 5, None)}
+    assert len({tuple(data.heldout) for data in splits.values()}) == 1
+    assert [len(data) for data in splits.values()] == [2, 5, 9]
+    assert set(splits[2].train_ids) < set(splits[5].train_ids) < set(splits[None].train_ids)
+    assert not set(splits[None].heldout) & set(splits[None].train_ids)
+    with pytest.raises(ConfigError, match="train_conversations=10"):
+        TrainingData(make_config(setup, tmp_path / "many", heldout=3, train_conversations=10), target, (1,),
+                     Distributed())
+    with pytest.raises(ConfigError, match="train_conversations"):
+        make_config(setup, tmp_path / "zero", train_conversations=0)
+
+
+def test_draft_vocabulary_is_counted_on_training_conversations_only(setup, tmp_path):
+    from blockdraft.target import load_target
+    from blockdraft.train.loop import Distributed, TrainingData
+    from blockdraft.train.vocab import draft_vocabulary
+
+    config = make_config(setup, tmp_path / "vocab", heldout=4, train_conversations=2, draft_vocab_size=12)
+    final = train(dataclasses.replace(config, max_steps=1))
+    target = load_target(config.target, dtype="fp32")
+    data = TrainingData(config, target, (1,), Distributed())
+    eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
+    expected = draft_vocabulary([data.dataset[i] for i in data.train_ids], 12, target.vocab_size, always=eos)
+    everything = draft_vocabulary(list(data.dataset), 12, target.vocab_size, always=eos)
+    assert torch.equal(weights(final)["vocab_map.d2t"], expected)
+    assert not torch.equal(expected, everything)  # so the test can tell the two countings apart
 
 
 def test_bench_train_reports_ratios_and_throughput(setup, capsys):

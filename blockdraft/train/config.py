@@ -67,6 +67,9 @@ class TrainConfig:
     threads: int | None = None
     # held-out evaluation: the last `heldout` conversations of a seeded shuffle never train
     heldout: int = 0
+    # train on at most this many of the remaining conversations (a seeded subset; a smaller subset is
+    # contained in a larger one and the held-out set does not change): data-size studies on one file
+    train_conversations: int | None = None
     eval_every: int = 100
     eval_anchors: int = 64
     # bookkeeping
@@ -93,6 +96,8 @@ class TrainConfig:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.train_conversations is not None and int(self.train_conversations) < 1:
+            raise ConfigError(f"train_conversations must be >= 1 (or null for all), got {self.train_conversations}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:

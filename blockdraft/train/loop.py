@@ -115,8 +115,13 @@ class TrainingData:
         if config.heldout >= len(self.dataset):
             raise ConfigError(f"heldout={config.heldout} leaves no training data ({len(self.dataset)} conversations)")
         self.heldout = sorted(order[len(order) - config.heldout:].tolist()) if config.heldout else []
-        held = set(self.heldout)
-        self.train_ids = [i for i in range(len(self.dataset)) if i not in held]
+        trainable = order[:len(order) - config.heldout].tolist()
+        if config.train_conversations is not None:
+            if config.train_conversations > len(trainable):
+                raise ConfigError(f"train_conversations={config.train_conversations} but {config.data} has only "
+                                  f"{len(trainable)} conversations besides the {config.heldout} held out")
+            trainable = trainable[:config.train_conversations]
+        self.train_ids = sorted(trainable)
 
     def __len__(self) -> int:
         return len(self.train_ids)
@@ -179,10 +184,14 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
                   "full vocabulary", flush=True)
         if config.draft_vocab_size and config.draft_vocab_size < target.vocab_size:
             eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
-            draft_vocab = draft_vocabulary(data.dataset, config.draft_vocab_size, target.vocab_size, always=eos)
+            # Counted on the training conversations only: the held-out ones must not shape the drafter.
+            training = [data.dataset[i] for i in data.train_ids]
+            draft_vocab = draft_vocabulary(training, config.draft_vocab_size, target.vocab_size, always=eos)
             if dist_info.is_main:
+                held = f", {coverage([data.dataset[i] for i in data.heldout], draft_vocab):.1%} of the held-out " \
+                    "ones" if data.heldout else ""
                 print(f"draft vocabulary: {config.draft_vocab_size} of {target.vocab_size} tokens covers "
-                      f"{coverage(data.dataset, draft_vocab):.1%} of the supervised tokens", flush=True)
+                      f"{coverage(training, draft_vocab):.1%} of the supervised training tokens{held}", flush=True)
         drafter = init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
                                target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
                                from_target_layers=config.init_from_target)
