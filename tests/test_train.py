@@ -1,6 +1,5 @@
 """The trainer: every objective runs, resume is exact, 2 processes equal 1, bad input is refused."""
 
-import dataclasses
 import json
 import os
 import socket
@@ -271,8 +270,8 @@ def test_draft_vocabulary_is_counted_on_training_conversations_only(setup, tmp_p
     from blockdraft.train.loop import Distributed, TrainingData
     from blockdraft.train.vocab import draft_vocabulary
 
-    config = make_config(setup, tmp_path / "vocab", heldout=4, train_conversations=2, draft_vocab_size=12)
-    final = train(dataclasses.replace(config, max_steps=1))
+    config = make_config(setup, tmp_path / "vocab", heldout=4, train_conversations=2, draft_vocab_size=12, max_steps=1)
+    final = train(config)
     target = load_target(config.target, dtype="fp32")
     data = TrainingData(config, target, (1,), Distributed())
     eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
