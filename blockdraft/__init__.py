@@ -25,11 +25,21 @@ from .target import Target, load_target  # noqa: E402
 def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor | Sequence[int], *,
              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Iterable[int] | None = None, seed: int | None = 0, draft_argmax: bool = False,
-             num_proposals: int | None = None, record_q: bool = False) -> GenerationResult:
+             num_proposals: int | None = None, record_q: bool = False,
+             tree_budget: int | str | None = None) -> GenerationResult:
     """Generate with `target`, speculatively when `drafter` is given; the output is lossless.
 
     `stop_token_ids=None` stops at the target's EOS tokens; pass `()` to never stop early.
+    `tree_budget`: None verifies the drafter's chain; an integer N verifies a draft tree of at most N
+    nodes built from it (DDTree over a DFlash drafter's slot marginals; other drafters' proposals
+    as they come); "measured" picks each round's node count from verify passes timed on this machine.
     """
+    if tree_budget is not None:
+        from .drafters.tree import as_tree
+
+        if drafter is None:
+            raise ConfigError("tree_budget needs a drafter: plain decoding has no draft to build a tree from")
+        drafter = as_tree(drafter, tree_budget, target)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
     if not isinstance(prompt_ids, torch.Tensor):
         prompt_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)

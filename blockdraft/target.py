@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from .config import ConfigError, validate_layer_ids
+from .decode import tree
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
           "fp16": torch.float16, "float16": torch.float16}
@@ -148,6 +149,67 @@ class Target:
         if layer_ids:
             features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, n, L*H)
         return TargetOutput(logits=out.logits.float(), features=features)
+
+    @torch.inference_mode()
+    def forward_tree(self, input_ids: torch.Tensor, start: int, cache: DynamicCache, parents: torch.Tensor,
+                     layer_ids: Sequence[int] = ()) -> TargetOutput:
+        """Verify a draft tree in one pass: input_ids (1, n+1) = [anchor, node_0 .. node_{n-1}].
+
+        The anchor sits at `start`, node i at `start + depth(i)`; each row attends to the committed
+        past (within a sliding window where a layer has one) and to its own ancestors, so every row's
+        logits are those a chain through that node would give. Afterwards the cache holds all n+1
+        rows; `keep_tree_path` reduces it to the accepted path.
+        """
+        n = parents.shape[0]
+        node_depths = torch.tensor([0] + tree.depths(parents), device=input_ids.device)
+        positions = (start + node_depths)[None]  # (1, n+1)
+        visible = tree.ancestor_mask(parents).to(input_ids.device)  # (n+1, n+1)
+        masks = {}
+        layer_types = getattr(self.config, "layer_types", None)
+        for index, layer in enumerate(cache.layers):
+            kind = layer_types[index] if layer_types else "full_attention"
+            if kind not in masks:
+                masks[kind] = self._tree_mask(layer, start, positions[0], visible)
+        attention_mask = masks if layer_types else masks["full_attention"]
+        out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                         attention_mask=attention_mask, output_hidden_states=bool(layer_ids))
+        features = None
+        if layer_ids:
+            features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, n+1, L*H)
+        return TargetOutput(logits=out.logits.float(), features=features)
+
+    def _tree_mask(self, layer, start: int, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """(1, 1, n+1, kv) additive mask for one cache layer; key column j is cache slot kv_offset + j."""
+        rows = positions.shape[0]
+        kv_length, kv_offset = layer.get_mask_sizes(rows)
+        slots = torch.arange(kv_offset, kv_offset + kv_length, device=positions.device)  # (kv,)
+        past = slots < start
+        allowed = past[None].expand(rows, -1).clone()  # (n+1, kv): every committed position ...
+        tree_columns = (~past).nonzero().squeeze(-1)
+        allowed[:, tree_columns] = visible[:, slots[tree_columns] - start]  # ... and ancestors only
+        window = getattr(layer, "sliding_window", None) if getattr(layer, "is_sliding", False) else None
+        if window:
+            key_positions = torch.where(past, slots, positions[(slots - start).clamp(0, rows - 1)])
+            allowed &= key_positions[None] > positions[:, None] - window
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=positions.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]
+
+    @staticmethod
+    def keep_tree_path(cache: DynamicCache, num_nodes: int, path: Sequence[int]) -> None:
+        """After `forward_tree`: drop the tree's unaccepted nodes, keeping the anchor and `path` (node
+        indices, root to leaf) in order, as if the path had been verified as a chain."""
+        removed = num_nodes - len(path)
+        if removed == 0:
+            return
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            tail = layer.keys.shape[-2] - num_nodes  # the nodes are the last num_nodes slots
+            keep = torch.tensor(list(path), dtype=torch.long, device=layer.keys.device) + tail
+            layer.keys = torch.cat([layer.keys[..., :tail, :], layer.keys[..., keep, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :tail, :], layer.values[..., keep, :]], dim=-2)
+            if getattr(layer, "is_sliding", False):
+                layer.cumulative_length -= removed
 
     @torch.no_grad()  # not inference_mode: the drafter's backward must be able to save these tensors
     def features(self, input_ids: torch.Tensor, layer_ids: Sequence[int], *,

@@ -15,20 +15,24 @@ from typing import Iterable, Sequence
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..drafters.base import Drafter, NoDrafter
+from ..drafters.base import Drafter, NoDrafter, Proposal
 from ..target import Target
 from .sampling import choose
+from .tree import depths as tree_depths, verify_tree
 from .verify import verify
 
 
 @dataclass
 class RoundRecord:
-    proposed: int  # tokens proposed this round (K, or fewer when pruned or near the budget)
-    accepted: int  # proposals accepted by the target
+    proposed: int  # draft tokens sent to verification (tree nodes for a tree; 0 when nothing was drafted)
+    accepted: int  # proposals accepted by the target (the accepted path's depth for a tree)
     emitted: int  # tokens committed this round: accepted + 1, fewer only when a stop/budget cut it
     draft_s: float  # drafter time (propose)
     verify_s: float  # target verify forward time
     round_s: float  # whole round, bookkeeping included
+    draft_tokens: list[int] = field(default_factory=list)  # what was proposed, in proposal order
+    draft_parents: list[int] | None = None  # a tree's parents (-1 = the anchor); None for a chain
+    accepted_sources: list[str] | None = None  # hybrid trees: the drafters that proposed each accepted token
     q_proposed: list[float] | None = None  # drafter probability of each proposal (when record_q is on)
 
 
@@ -55,6 +59,11 @@ class GenerationResult:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _token_probs(proposal: Proposal) -> list[float] | None:
+    probs = proposal.token_probs() if proposal.tokens.numel() else None
+    return probs.tolist() if probs is not None else None
 
 
 def _check_request(target: Target, prompt_ids: torch.Tensor, max_new_tokens: int, lookahead: int) -> None:
@@ -122,18 +131,29 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
     t_decode = time.perf_counter()
     while len(generated) < max_new_tokens:
         t_round = time.perf_counter()
-        budget = min(proposals, max_new_tokens - len(generated) - 1)
-        proposal = drafter.propose(ids[:, :length], budget, sampling, generator) if budget > 0 else None
-        draft_tokens = proposal.tokens if proposal is not None else ids.new_empty(0)
+        budget = min(proposals, max_new_tokens - len(generated) - 1)  # the deepest proposal that can commit
+        proposal = (drafter.propose(ids[:, :length], budget, sampling, generator) if budget > 0
+                    else Proposal.empty(ids.device))
+        draft_tokens, parents = proposal.tokens, proposal.tree_parents()
+        if parents is not None and max(tree_depths(parents)) > budget:
+            raise ConfigError(f"the drafter proposed a tree {max(tree_depths(parents))} nodes deep; this round "
+                              f"allows at most {budget}")
         _synchronize(device)
         t_verify = time.perf_counter()
-        verify_ids = torch.cat([ids[:, length - 1:length], draft_tokens[None]], dim=1)  # (1, k + 1)
-        out = target.forward(verify_ids, length - 1, cache, layer_ids)
-        _synchronize(device)
-        t_verified = time.perf_counter()
-        accepted, next_token = verify(out.logits[0], draft_tokens, proposal.q_draft if proposal else None,
-                                      sampling, generator)
-        new_tokens = draft_tokens[:accepted].tolist() + [next_token]
+        verify_ids = torch.cat([ids[:, length - 1:length], draft_tokens[None]], dim=1)  # (1, n + 1)
+        if parents is None:  # a chain: min(1, p/q) acceptance, crop on rejection
+            out = target.forward(verify_ids, length - 1, cache, layer_ids)
+            _synchronize(device)
+            t_verified = time.perf_counter()
+            accepted, next_token = verify(out.logits[0], draft_tokens, proposal.q_draft, sampling, generator)
+            path = list(range(accepted))
+        else:  # a tree: walk the target's own choices through it, then keep only the accepted path
+            out = target.forward_tree(verify_ids, length - 1, cache, parents, layer_ids)
+            _synchronize(device)
+            t_verified = time.perf_counter()
+            path, next_token = verify_tree(out.logits[0], draft_tokens, parents, sampling, generator)
+            accepted = len(path)
+        new_tokens = draft_tokens[path].tolist() + [next_token]
         # A stop token inside the accepted prefix ends generation right there.
         for cut, token in enumerate(new_tokens):
             if token in stops:
@@ -147,18 +167,21 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
         length += count
         finished = result.stop_reason == "stop_token" or len(generated) >= max_new_tokens
         if not finished:
+            if parents is not None:
+                Target.keep_tree_path(cache, draft_tokens.shape[0], path)
             Target.crop(cache, length - 1)
-            features = out.features[:, :count] if out.features is not None else None
+            features = None
+            if out.features is not None:  # rows of the anchor and the accepted path: the positions just committed
+                rows = torch.tensor([0] + [node + 1 for node in path], device=device)
+                features = out.features[:, rows[:count]]
             drafter.commit(length, features)
         _synchronize(device)
-        round_s = time.perf_counter() - t_round
-        q_proposed = None
-        if record_q and proposal is not None:
-            probs = proposal.token_probs()
-            q_proposed = probs.tolist() if probs is not None else None
-        result.rounds.append(RoundRecord(proposed=int(draft_tokens.shape[0]), accepted=accepted, emitted=count,
-                                         draft_s=t_verify - t_round, verify_s=t_verified - t_verify,
-                                         round_s=round_s, q_proposed=q_proposed))
+        result.rounds.append(RoundRecord(
+            proposed=int(draft_tokens.shape[0]), accepted=accepted, emitted=count, draft_s=t_verify - t_round,
+            verify_s=t_verified - t_verify, round_s=time.perf_counter() - t_round,
+            draft_tokens=draft_tokens.tolist(), draft_parents=None if parents is None else parents.tolist(),
+            accepted_sources=proposal.source_names(path[:count]),
+            q_proposed=_token_probs(proposal) if record_q else None))
         if finished:
             break
     result.decode_s = time.perf_counter() - t_decode

@@ -17,20 +17,56 @@ from ..config import SamplingConfig
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor  # (k,) proposed token ids for positions L..L+k-1, k may be 0
-    q_draft: torch.Tensor | None = None  # (k, V) float32 distributions they were drawn from; None = one-hot
-    logits: torch.Tensor | None = None  # (k, V_draft) raw draft logits, when the drafter has them
+    """What a drafter proposes for one round: a chain of tokens, or a tree of them.
+
+    A chain proposes tokens for positions L..L+k-1. A tree (`parents` set) lists its nodes in
+    topological order; node i's parent is -1 (the anchor) or an earlier node, and it proposes a token
+    for position L - 1 + depth(i).
+    """
+
+    tokens: torch.Tensor  # (n,) proposed token ids, n may be 0
+    q_draft: torch.Tensor | None = None  # chains: (n, V) float32 distributions they were drawn from; None = one-hot
+    logits: torch.Tensor | None = None  # (k, V_draft) raw per-slot draft logits, when the drafter has them
+    parents: torch.Tensor | None = None  # (n,) a tree's parent of each node; None = a chain
+    logit_token_ids: torch.Tensor | None = None  # (V_draft,) target id of each logits column; None = same ids
+    slot_marginals: bool = False  # logits[k] scores slot k without looking at the tokens drafted before it
+    sources: list[int] | None = None  # per node, a bitmask over `source_labels` of who proposed it
+    source_labels: tuple[str, ...] = ()
+
+    @staticmethod
+    def empty(device: torch.device | str = "cpu") -> "Proposal":
+        return Proposal(tokens=torch.empty(0, dtype=torch.long, device=device))
+
+    def tree_parents(self) -> torch.Tensor | None:
+        """The parents to verify as a tree, validated; None when the proposal is a chain (a tree shaped
+        as one chain included, so it goes through exactly the chain path)."""
+        if self.parents is None:
+            return None
+        from ..decode.tree import check_tree, is_chain
+
+        check_tree(self.tokens, self.parents)
+        return None if is_chain(self.parents) else self.parents
 
     def token_probs(self) -> torch.Tensor | None:
-        """(k,) the drafter's probability of each proposed token (the q_k of the surrogate S~).
+        """(k,) the drafter's probability of each proposed chain token (the q_k of the surrogate S~).
 
-        From `q_draft` when sampling; from the logits' softmax maximum when the tokens were argmax picks.
+        From `q_draft` when sampling; from the logits' softmax maximum when the tokens were argmax
+        picks; None for a tree.
         """
+        if self.tree_parents() is not None:
+            return None
         if self.q_draft is not None:
             return self.q_draft.gather(-1, self.tokens[:, None]).squeeze(-1)
-        if self.logits is not None:
+        if self.logits is not None and self.logits.shape[0] == self.tokens.shape[0]:
             return torch.softmax(self.logits.float(), dim=-1).amax(-1)
         return None
+
+    def source_names(self, nodes: list[int]) -> list[str] | None:
+        """For each given node, the '+'-joined labels of the sources that proposed it."""
+        if self.sources is None:
+            return None
+        return ["+".join(label for bit, label in enumerate(self.source_labels) if self.sources[node] >> bit & 1)
+                for node in nodes]
 
 
 @runtime_checkable
@@ -45,7 +81,8 @@ class Drafter(Protocol):
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        """Propose up to `num_proposals` tokens following ids (1, L), whose last token is the anchor."""
+        """Propose up to `num_proposals` tokens following ids (1, L), whose last token is the anchor
+        (for a tree: nodes at most `num_proposals` deep)."""
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         """The committed sequence now has `length` tokens; features (1, m, F) are the target's for
@@ -63,7 +100,7 @@ class NoDrafter:
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        return Proposal(tokens=ids.new_empty(0))
+        return Proposal.empty(ids.device)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         pass

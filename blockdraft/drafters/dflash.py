@@ -247,7 +247,7 @@ class DFlashDrafter:
         logits = self.block_logits(ids, min(num_proposals, self.max_proposals))
         tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
         return Proposal(tokens=self.head.to_target_ids(tokens), q_draft=self.head.to_target_probs(q_draft),
-                        logits=logits)
+                        logits=logits, logit_token_ids=self.head.logit_token_ids, slot_marginals=True)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         if features is None:
@@ -274,6 +274,11 @@ class DraftHead:
         if self.target.softcap:
             logits = torch.tanh(logits / self.target.softcap) * self.target.softcap
         return logits
+
+    @property
+    def logit_token_ids(self) -> torch.Tensor | None:
+        """(V_draft,) target id of each logits column; None without a vocabulary map."""
+        return None if self.vocab_map is None else self.vocab_map.d2t
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab_map is None else self.vocab_map.d2t[draft_ids]

@@ -166,8 +166,10 @@ class HeadedDrafter:
         draft_ids = torch.stack(tokens)  # (k,) draft-vocabulary ids
         q_draft = torch.stack(dists) if dists[0] is not None else None  # (k, V_draft) or one-hot
         # logits: the Markov-corrected U_k + bias_k each token was chosen from.
+        # Without heads each slot's logits are the backbone's block marginals; a head conditions them on
+        # the drafted prefix, so a tree built from them scores siblings as if they followed that prefix.
         return Proposal(tokens=head.to_target_ids(draft_ids), q_draft=head.to_target_probs(q_draft),
-                        logits=torch.stack(step_logits))
+                        logits=torch.stack(step_logits), logit_token_ids=head.logit_token_ids, slot_marginals=True)
 
     def _draft_seconds(self, started: float, device: torch.device) -> float:
         if self.draft_cost is not None:

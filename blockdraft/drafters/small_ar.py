@@ -26,21 +26,32 @@ class SmallARDrafter:
             raise ConfigError(f"num_proposals must be >= 1, got {num_proposals}")
         self.max_proposals = num_proposals
         self.cache = None
-        self.cached = 0  # positions 0..cached-1 are in the draft cache
+        self.cached_tokens: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         self.cache = self.model.new_cache()
         self.model.forward(prompt_ids, 0, self.cache, logits_to_keep=1)
-        self.cached = prompt_ids.shape[1]
+        self.cached_tokens = prompt_ids[0].tolist()
 
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        pending = ids[:, self.cached:]  # committed tokens the draft has not seen, ending with the anchor
+        # Keep the cache's longest prefix that agrees with the committed tokens: after a chain round
+        # that is the accepted drafts, after a tree round only what the accepted branch shares.
+        committed = ids[0, :-1].tolist()
+        keep = 0
+        for cached, token in zip(self.cached_tokens, committed):
+            if cached != token:
+                break
+            keep += 1
+        if keep < len(self.cached_tokens):
+            Target.crop(self.cache, keep)
+            del self.cached_tokens[keep:]
+        pending = ids[:, keep:]  # committed tokens the draft has not seen, ending with the anchor
         tokens, dists, logits = [], [], []
         for _ in range(min(num_proposals, self.max_proposals)):
-            out = self.model.forward(pending, self.cached, self.cache, logits_to_keep=1)
-            self.cached += pending.shape[1]
+            out = self.model.forward(pending, len(self.cached_tokens), self.cache, logits_to_keep=1)
+            self.cached_tokens.extend(pending[0].tolist())
             token, probs = choose(out.logits[0, -1], sampling, generator, argmax=sampling.draft_argmax)
             logits.append(out.logits[0, -1])
             tokens.append(token)
@@ -51,7 +62,4 @@ class SmallARDrafter:
         return Proposal(tokens=proposal, q_draft=q_draft, logits=torch.stack(logits) if logits else None)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
-        # Valid draft cache: the committed tokens up to the new anchor (exclusive).
-        keep = min(self.cached, length - 1)
-        Target.crop(self.cache, keep)
-        self.cached = keep
+        pass  # the next `propose` compares its cache with the committed tokens

@@ -1,0 +1,165 @@
+"""Draft trees from one drafter or several: DDTree over block marginals, and hybrids under one budget.
+
+`TreeDrafter(sources, budget)` is itself a drafter. Each round every source proposes once; their
+proposals are merged into one tree (shared prefixes merged, each node remembering its sources):
+- a source whose logits are per-slot marginals (DFlash, with or without heads) is expanded
+  best-first over its slots' top candidates (DDTree: Ringel and Romano 2026, "Accelerating
+  Speculative Decoding with Block Diffusion Draft Trees", arXiv:2604.12989), filling the budget
+  left after the sources listed before it;
+- any other source (lookup continuations, a small AR model's greedy chain) is inserted as it
+  proposed it.
+Sources are asked for argmax drafts: the tree walk needs no draft distribution, and a tree that
+collapses to one chain is then verified by the chain rule with a one-hot q, which is exact too.
+
+`budget="measured"` picks each round's node count from a verify-cost curve timed on this machine:
+the m best-first nodes are expected to commit 1 + Σ_{i≤m} exp(score_i) tokens (exp(score) being
+the path's probability under the drafter's own marginals), and m maximises that over the round's
+time, t_draft + t_verify(m).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, SamplingConfig
+from ..decode.tree import TreeBuilder, best_first_tree
+from ..target import Target
+from .base import Drafter, Proposal
+
+MAX_TREE_BUDGET = 256
+MEASURED_MAX_NODES = 64
+_ARGMAX = SamplingConfig(temperature=0.0)
+
+
+_MEASURED: "weakref.WeakKeyDictionary[Target, dict[int, dict[int, float]]]" = weakref.WeakKeyDictionary()
+
+
+def measured_verify_cost(target: Target, max_nodes: int = MEASURED_MAX_NODES) -> dict[int, float]:
+    """Seconds of a verify pass over n + 1 tokens for a few n up to `max_nodes`, timed once per target."""
+    from .dspark import measure_verify_cost
+
+    curves = _MEASURED.setdefault(target, {})
+    if max_nodes not in curves:
+        points = sorted({0, 1, 2, 4, 8, 16, 32, 64, max_nodes} & set(range(max_nodes + 1)))
+        curves[max_nodes] = measure_verify_cost(target, points)
+    return curves[max_nodes]
+
+
+def as_tree(drafter: Drafter, budget: int | str | None, target: Target) -> Drafter:
+    """`drafter` itself for budget None (chains); else a `TreeDrafter` over it."""
+    check_budget(budget)
+    if budget is None:
+        return drafter
+    if isinstance(drafter, TreeDrafter):
+        raise ConfigError("this drafter already builds trees with its own budget; pass tree_budget=None")
+    return TreeDrafter(drafter, budget, target=target)
+
+
+def check_budget(budget: int | str | None) -> None:
+    if budget is None or budget == "measured":
+        return
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= MAX_TREE_BUDGET:
+        raise ConfigError(f"tree budget must be an integer in [1, {MAX_TREE_BUDGET}] nodes or 'measured', "
+                          f"got {budget!r}")
+
+
+class TreeDrafter:
+    """Several drafters (or one) proposing one draft tree per round; see the module doc."""
+
+    def __init__(self, sources: Drafter | Sequence[Drafter], budget: int | str = 32, *,
+                 labels: Sequence[str] | None = None, target: Target | None = None,
+                 verify_cost: dict[int, float] | Callable[[int], float] | None = None,
+                 max_nodes: int = MEASURED_MAX_NODES):
+        sources = [sources] if not isinstance(sources, (list, tuple)) else list(sources)
+        if not sources:
+            raise ConfigError("a tree drafter needs at least one source drafter")
+        check_budget(budget)
+        if budget is None:
+            raise ConfigError("a tree drafter needs a budget (an integer number of nodes or 'measured')")
+        feature_sources = {tuple(s.target_layer_ids) for s in sources if s.target_layer_ids}
+        if len(feature_sources) > 1:
+            raise ConfigError(f"the sources read different target layers {sorted(feature_sources)}; a hybrid tree "
+                              "can feed one set of target features")
+        self.sources = sources
+        self.labels = tuple(labels) if labels is not None else tuple(type(s).__name__ for s in sources)
+        if len(self.labels) != len(sources):
+            raise ConfigError(f"{len(self.labels)} labels for {len(sources)} sources")
+        self.target_layer_ids = next(iter(feature_sources), ())
+        self.max_proposals = max(s.max_proposals for s in sources)
+        self.budget = budget
+        self.verify_cost = None
+        if budget == "measured":
+            if verify_cost is None:
+                if target is None:
+                    raise ConfigError("tree budget 'measured' needs the target (to time its verify passes) "
+                                      "or a verify_cost curve")
+                verify_cost = measured_verify_cost(target, max_nodes)
+            self.verify_cost = _interpolated(verify_cost)
+        self.max_nodes = max_nodes
+        self.last_budget: int | None = None  # nodes the last round was allowed (the chosen m when measured)
+
+    def _features_for(self, source: Drafter, features: torch.Tensor | None) -> torch.Tensor | None:
+        return features if source.target_layer_ids else None
+
+    def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
+        for source in self.sources:
+            source.reset(prompt_ids, self._features_for(source, prompt_features))
+
+    def commit(self, length: int, features: torch.Tensor | None) -> None:
+        for source in self.sources:
+            source.commit(length, self._features_for(source, features))
+
+    def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        started = time.perf_counter()
+        proposals = [source.propose(ids, min(num_proposals, source.max_proposals), _ARGMAX, generator)
+                     for source in self.sources]
+        draft_s = time.perf_counter() - started
+        budget = self.max_nodes if self.budget == "measured" else self.budget
+        builder = TreeBuilder(budget)
+        for index, proposal in enumerate(proposals):
+            if proposal.slot_marginals and proposal.logits is not None and proposal.logits.shape[0]:
+                self._add_marginal_tree(builder, proposal, index, sampling, draft_s)
+            elif proposal.tokens.numel():
+                parents = proposal.parents
+                parents = parents.tolist() if parents is not None else list(range(-1, proposal.tokens.shape[0] - 1))
+                builder.add_tree(proposal.tokens.tolist(), parents, index)
+        self.last_budget = len(builder.tokens)
+        tokens, parents, sources = builder.build(ids.device)
+        return Proposal(tokens=tokens, parents=parents, sources=sources, source_labels=self.labels)
+
+    def _add_marginal_tree(self, builder: TreeBuilder, proposal: Proposal, source: int, sampling: SamplingConfig,
+                           draft_s: float) -> None:
+        logits = proposal.logits.float()  # (k, V_draft)
+        if not sampling.greedy:
+            logits = logits / sampling.temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        room = builder.budget - len(builder.tokens)
+        if room <= 0:
+            return
+        tokens, parents, scores = best_first_tree(log_probs, room)
+        if proposal.logit_token_ids is not None:
+            tokens = proposal.logit_token_ids[tokens]
+        if self.verify_cost is not None:
+            used = len(builder.tokens)
+            expected = 1.0 + np.cumsum(np.exp(scores.double().cpu().numpy()))  # (m,) tokens committed
+            costs = np.array([draft_s + self.verify_cost(used + m) for m in range(1, len(expected) + 1)])
+            keep = int(np.argmax(expected / costs)) + 1  # a prefix of best-first order is a tree
+            tokens, parents = tokens[:keep], parents[:keep]
+        builder.add_tree(tokens.tolist(), parents.tolist(), source)
+
+
+def _interpolated(curve: dict[int, float] | Callable[[int], float]) -> Callable[[int], float]:
+    """t_verify(n) for n nodes (a pass over n + 1 tokens): linear between the measured points."""
+    if callable(curve):
+        return curve
+    if not curve:
+        raise ConfigError("verify_cost is empty: measure it with measure_verify_cost(target, [0, 1, 2, ...])")
+    ks = sorted(int(k) for k in curve)
+    values = [float(curve[k]) for k in ks]
+    return lambda n: float(np.interp(n, ks, values))
