@@ -27,14 +27,41 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
     from .target import load_target
 
     target = load_target(args.target, dtype=args.dtype, device=device)
-    if args.drafter and args.draft_model:
-        raise ConfigError("pass either --drafter (a DFlash checkpoint) or --draft-model (a small causal LM), not both")
-    drafter = None
+    tree = getattr(args, "tree", None)
+    sources, labels = [], []
+    if getattr(args, "lookup", False) or getattr(args, "lookup_corpus", None):
+        from .drafters.lookup import CorpusIndex, LookupDrafter
+
+        corpus = CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer) if args.lookup_corpus else None
+        branches = args.lookup_branches or (4 if tree is not None else 1)
+        sources.append(LookupDrafter(args.num_proposals or 10, max_branches=branches, corpus=corpus))
+        labels.append("lookup")
+    if args.draft_model:
+        sources.append(SmallARDrafter(args.draft_model, target, num_proposals=args.num_proposals or 4))
+        labels.append("small-ar")
     if args.drafter:
-        drafter = load_drafter(args.drafter, target)
-    elif args.draft_model:
-        drafter = SmallARDrafter(args.draft_model, target, num_proposals=args.num_proposals or 4)
-    return target, drafter
+        sources.append(load_drafter(args.drafter, target))
+        labels.append("dflash")
+    if len(sources) > 1 and tree is None:
+        raise ConfigError(f"several drafters ({', '.join(labels)}) are merged into one draft tree: add --tree N or "
+                          "--tree measured, or pass one of them")
+    if tree is not None:
+        from .drafters.tree import TreeDrafter
+
+        if not sources:
+            raise ConfigError("--tree needs a drafter: --drafter, --draft-model and/or --lookup")
+        return target, TreeDrafter(sources, tree, labels=labels, target=target)
+    return target, (sources[0] if sources else None)
+
+
+def _tree_budget(text: str) -> int | str:
+    """`--tree N|measured` (argparse type): an error names the flag."""
+    from .eval.methods import tree_budget
+
+    try:
+        return tree_budget(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
@@ -146,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-argmax", action="store_true", help="draft by argmax even at temperature > 0")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print text, token ids, tau and per-round records as JSON")
+    p.add_argument("--tree", type=_tree_budget, default=None, metavar="N|measured",
+                   help="verify a draft tree of at most N nodes per round (DDTree over a DFlash drafter; merges "
+                        "several drafters into one tree); 'measured' picks N each round from timed verify passes")
+    p.add_argument("--lookup", action="store_true",
+                   help="draft by n-gram lookup over the prompt and the output (with --tree: also beside "
+                        "--drafter/--draft-model, in one tree)")
+    p.add_argument("--lookup-corpus", default=None, metavar="FILE.jsonl",
+                   help="also look n-grams up in this JSONL corpus (rows with text, conversations or token_ids)")
+    p.add_argument("--lookup-branches", type=int, default=None,
+                   help="distinct lookup continuations per round (default 1, or 4 with --tree)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("init-drafter", help="create a fresh DFlash drafter for a target")
@@ -184,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default="Write a Python function that reverses a string.")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tree", type=_tree_budget, default=None, metavar="N|measured",
+                   help="verify draft trees of at most N nodes (the tree path's overhead)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--device", default=None)
     p.add_argument("--threads", type=int, default=None)

@@ -135,9 +135,10 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
         proposal = (drafter.propose(ids[:, :length], budget, sampling, generator) if budget > 0
                     else Proposal.empty(ids.device))
         draft_tokens, parents = proposal.tokens, proposal.tree_parents()
-        if parents is not None and max(tree_depths(parents)) > budget:
-            raise ConfigError(f"the drafter proposed a tree {max(tree_depths(parents))} nodes deep; this round "
-                              f"allows at most {budget}")
+        deepest = max(tree_depths(parents)) if parents is not None else draft_tokens.shape[0]
+        if deepest > budget:
+            raise ConfigError(f"the drafter proposed tokens {deepest} positions deep; this round allows at most "
+                              f"{budget} (drafters must respect num_proposals)")
         _synchronize(device)
         t_verify = time.perf_counter()
         verify_ids = torch.cat([ids[:, length - 1:length], draft_tokens[None]], dim=1)  # (1, n + 1)

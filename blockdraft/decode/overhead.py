@@ -51,6 +51,11 @@ def add_overhead_report(args: argparse.Namespace) -> int:
     else:
         drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size)
         label = f"fresh DFlash ({args.layers} layer, block {args.block_size})"
+    if getattr(args, "tree", None) is not None:
+        from ..drafters.tree import TreeDrafter
+
+        drafter = TreeDrafter(drafter, args.tree, target=target)
+        label += f", tree {args.tree}"
     prompt = _prompt_ids(target, args.prompt)
     generate(target, drafter, prompt, max_new_tokens=8, num_proposals=args.num_proposals, stop_token_ids=())  # warm-up
     rounds = []

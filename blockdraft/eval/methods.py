@@ -13,6 +13,16 @@ Spec strings (`blockdraft bench --method ...`):
   draft probability where it has no confidence head), so `dflash:D,markov=off` and
   `dflash:D,threshold=0.5` are separate runs of one checkpoint (the Markov on/off comparison and the
   confidence sweep);
+  `tree=N|measured` verifies a DDTree of at most N nodes built from the drafter's slot marginals
+  (`measured`: each round's node count from verify passes timed on this machine at load);
+- `lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,tokens=T]`: n-gram lookup over the
+  prompt and the output (and the corpus, when named); `branches` distinct continuations (default 1
+  for a chain, 4 with `tree`), n-grams of `ngram` down to 1 tokens (default 3), `tokens` per
+  continuation (default 10);
+- `hybrid:SOURCE+SOURCE...[,tree=N|measured]`: one tree per round from several drafters, SOURCE
+  one of `lookup`, `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`, `dflash=PATH`
+  (default tree 32 nodes; lookup takes 4 branches; DFlash fills the budget left by the sources
+  before it); the rounds record which source proposed each accepted token;
 - `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
   defaults (20 candidates, constant schedule, confidence stop 0.4), same default draft;
 - `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10).
@@ -44,15 +54,20 @@ from transformers import DynamicCache
 from .. import generate
 from ..checkpoints import load_drafter
 from ..config import ConfigError, SamplingConfig
-from ..drafters.base import Proposal
+from ..drafters.lookup import CorpusIndex, LookupDrafter
 from ..drafters.small_ar import SmallARDrafter
+from ..drafters.tree import TreeDrafter
 from ..target import Target, load_target
 
-KINDS = ("ar", "small-ar", "dflash", "hf-assisted", "hf-prompt-lookup")
+KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid", "hf-assisted", "hf-prompt-lookup")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
-SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured,"
+             "tree=N|measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,tokens=T], "
+             "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+DEFAULT_HYBRID_TREE = 32
+DEFAULT_TREE_BRANCHES = 4
 
 
 @dataclass(frozen=True)
@@ -71,34 +86,75 @@ class MethodSpec:
         return self.kind in ("small-ar", "dflash")
 
 
-DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": None, "cost": ("measured",)}
+DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": None, "cost": ("measured",),
+                  "tree": None}
+LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "tokens": None}
+HYBRID_OPTIONS = {"tree": None}
 
 
-def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
-    """`PATH[,key=value...]` -> (PATH, options), validated (see the module doc)."""
-    path, *parts = arg.split(",")
+def _options(kind: str, arg: str, known: dict[str, tuple[str, ...] | None]) -> tuple[str, dict[str, str]]:
+    """`HEAD[,key=value...]` -> (HEAD, options), each option validated (see the module doc)."""
+    head, *parts = arg.split(",")
     options: dict[str, str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or key not in DFLASH_OPTIONS:
-            raise ConfigError(f"dflash option {part!r} is not one of {', '.join(f'{k}=...' for k in DFLASH_OPTIONS)}")
-        allowed = DFLASH_OPTIONS[key]
+        if not sep or key not in known:
+            raise ConfigError(f"{kind} option {part!r} is not one of {', '.join(f'{k}=...' for k in known)}")
+        allowed = known[key]
         if allowed is not None and value not in allowed:
-            raise ConfigError(f"dflash option {key} takes {' or '.join(allowed)}, got {value!r}")
+            raise ConfigError(f"{kind} option {key} takes {' or '.join(allowed)}, got {value!r}")
         if key == "threshold":
             try:
                 threshold = float(value)
             except ValueError:
                 threshold = float("nan")
             if not 0.0 <= threshold <= 1.0:
-                raise ConfigError(f"dflash option threshold must be a number in [0, 1], got {value!r}")
+                raise ConfigError(f"{kind} option threshold must be a number in [0, 1], got {value!r}")
+        if key == "tree":
+            tree_budget(value)
+        if key in ("branches", "ngram", "tokens") and not (value.isdigit() and int(value) >= 1):
+            raise ConfigError(f"{kind} option {key} takes a positive integer, got {value!r}")
         if key in options:
-            raise ConfigError(f"dflash option {key} is given twice in {arg!r}")
+            raise ConfigError(f"{kind} option {key} is given twice in {arg!r}")
         options[key] = value
-    if not path.strip():
+    return head.strip(), options
+
+
+def tree_budget(value: str | None) -> int | str | None:
+    """`tree=` option text -> the budget `generate` takes (None when absent)."""
+    from ..drafters.tree import check_budget
+
+    if value is None or value == "measured":
+        return value
+    budget = int(value) if value.lstrip("-").isdigit() else value
+    check_budget(budget)
+    return budget
+
+
+def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
+    """`PATH[,key=value...]` -> (PATH, options), validated (see the module doc)."""
+    path, options = _options("dflash", arg, DFLASH_OPTIONS)
+    if not path:
         raise ConfigError(f"method dflash needs the drafter folder first: dflash:PATH[,option=value], got {arg!r}")
-    return path.strip(), options
+    return path, options
+
+
+def hybrid_sources(arg: str) -> tuple[list[tuple[str, str | None]], dict[str, str]]:
+    """`SOURCE+SOURCE...[,tree=...]` -> ([(kind, argument)], options)."""
+    head, options = _options("hybrid", arg, HYBRID_OPTIONS)
+    sources = []
+    for part in head.split("+"):
+        kind, _, value = part.strip().partition("=")
+        if kind not in ("lookup", "small-ar", "dflash") or (kind == "dflash" and not value):
+            raise ConfigError(f"hybrid source {part!r} is not one of lookup[=CORPUS.jsonl], "
+                              "small-ar[=NAME_OR_PATH], dflash=PATH")
+        sources.append((kind, value or None))
+    if len(sources) < 2:
+        raise ConfigError(f"a hybrid needs at least two sources joined by '+', got {arg!r}")
+    if len({kind for kind, _ in sources}) != len(sources):
+        raise ConfigError(f"each hybrid source kind may appear once, got {arg!r}")
+    return sources, options
 
 
 def _with_options(drafter, options: dict[str, str], target: Target, path: str):
@@ -131,6 +187,12 @@ def parse_method(text: str) -> MethodSpec:
         raise ConfigError("method 'dflash' needs the drafter folder: dflash:PATH")
     if kind == "dflash":
         dflash_options(arg)  # validated now, before any model loads
+    if kind == "lookup" and arg is not None:
+        _options("lookup", arg, LOOKUP_OPTIONS)
+    if kind == "hybrid":
+        if arg is None:
+            raise ConfigError("method 'hybrid' needs its sources: hybrid:lookup+small-ar[,tree=N]")
+        hybrid_sources(arg)
     if kind in ("small-ar", "hf-assisted") and arg is None:
         arg = DEFAULT_DRAFT
     if kind == "hf-prompt-lookup":
@@ -162,44 +224,18 @@ def _round_time(seconds: float) -> float:
     return round(float(seconds), 7)  # 0.1 µs: far below timer noise, keeps results.json small
 
 
-class _ProposalRecorder:
-    """Wraps any drafter (composition, not a subclass) and keeps the tokens of each proposal.
-
-    The loop calls `propose` once per round, except a final round whose budget leaves no room for
-    proposals; so proposal i belongs to round i.
-    """
-
-    def __init__(self, drafter):
-        self.drafter = drafter
-        self.target_layer_ids = drafter.target_layer_ids
-        self.max_proposals = drafter.max_proposals
-        self.proposals: list[list[int]] = []
-
-    def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
-        self.proposals = []
-        self.drafter.reset(prompt_ids, prompt_features)
-
-    def propose(self, ids, num_proposals, sampling, generator) -> Proposal:
-        proposal = self.drafter.propose(ids, num_proposals, sampling, generator)
-        self.proposals.append(proposal.tokens.tolist())
-        return proposal
-
-    def commit(self, length: int, features: torch.Tensor | None) -> None:
-        self.drafter.commit(length, features)
-
-
-def _round_columns(rounds, proposals: list[list[int]] | None) -> dict[str, list]:
+def _round_columns(rounds) -> dict[str, list]:
     columns: dict[str, list] = {
         "proposed": [r.proposed for r in rounds], "accepted": [r.accepted for r in rounds],
         "emitted": [r.emitted for r in rounds], "draft_s": [_round_time(r.draft_s) for r in rounds],
         "verify_s": [_round_time(r.verify_s) for r in rounds], "round_s": [_round_time(r.round_s) for r in rounds],
         "q_proposed": [None if r.q_proposed is None else [round(q, 6) for q in r.q_proposed] for r in rounds],
+        "draft_tokens": [r.draft_tokens for r in rounds],
     }
-    if proposals is not None:
-        drafts = proposals + [[] for _ in range(len(rounds) - len(proposals))]
-        if len(drafts) != len(rounds) or any(len(d) != r.proposed for d, r in zip(drafts, rounds)):
-            raise RuntimeError("drafted tokens do not line up with the round records")
-        columns["draft_tokens"] = drafts
+    if any(r.draft_parents is not None for r in rounds):
+        columns["draft_parents"] = [r.draft_parents for r in rounds]
+    if any(r.accepted_sources is not None for r in rounds):
+        columns["accepted_sources"] = [r.accepted_sources for r in rounds]
     return columns
 
 
@@ -215,16 +251,14 @@ class LoopRunner:
     record_q: bool = True
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement:
-        recorder = _ProposalRecorder(self.drafter) if self.drafter is not None else None
-        result = generate(self.target, recorder, prompt_ids, max_new_tokens=max_new_tokens,
+        result = generate(self.target, self.drafter, prompt_ids, max_new_tokens=max_new_tokens,
                           temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                           top_k=self.sampling.top_k, seed=seed,
                           num_proposals=None if self.block_size is None else self.block_size - 1,
-                          record_q=self.record_q and recorder is not None)
+                          record_q=self.record_q and self.drafter is not None)
         return Measurement(tokens=result.tokens, prompt_length=result.prompt_length,
                            prefill_s=_round_time(result.prefill_s), decode_s=_round_time(result.decode_s),
-                           stop_reason=result.stop_reason,
-                           rounds=_round_columns(result.rounds, recorder.proposals if recorder else None))
+                           stop_reason=result.stop_reason, rounds=_round_columns(result.rounds))
 
 
 def _timed_prompt_pass(model, input_ids: torch.Tensor) -> float:
@@ -300,6 +334,14 @@ class HFRunner:
                            target_calls=calls[0], generate_s=_round_time(generate_s))
 
 
+def _lookup(target: Target, corpus: str | None, options: dict[str, str], tree: bool) -> LookupDrafter:
+    max_ngram = int(options.get("ngram", 3))
+    index = CorpusIndex.from_jsonl(corpus, target.tokenizer, max_ngram=max_ngram) if corpus else None
+    branches = int(options.get("branches", DEFAULT_TREE_BRANCHES if tree else 1))
+    return LookupDrafter(int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)), max_ngram=max_ngram,
+                         max_branches=branches, corpus=index)
+
+
 def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None, target: Target,
                   sampling: SamplingConfig, *, record_q: bool = True) -> tuple[list, dict[str, dict]]:
     """Load every drafter once and return (runners in run order, per-method descriptions).
@@ -336,6 +378,10 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                 draft = draft_model(spec.arg)
                 info[spec.name] = {"kind": "small-ar", "draft": spec.arg, "draft_layers": draft.num_layers,
                                    "draft_hidden_size": draft.hidden_size}
+            tree = tree_budget(options.get("tree")) if spec.kind == "dflash" else None
+            if tree is not None:
+                drafter = TreeDrafter(drafter, tree, labels=["dflash"], target=target)
+                info[spec.name]["tree"] = tree
             for block_size in block_sizes or (native,):
                 if spec.kind == "dflash" and block_size > native:
                     raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
@@ -344,6 +390,34 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                 if spec.kind == "small-ar":
                     drafter = SmallARDrafter(draft_model(spec.arg), target, num_proposals=block_size - 1)
                 runners.append(LoopRunner(spec.name, block_size, target, drafter, sampling, record_q))
+        elif spec.kind == "lookup":
+            corpus, options = _options("lookup", spec.arg or "", LOOKUP_OPTIONS)
+            tree = tree_budget(options.get("tree"))
+            drafter = _lookup(target, corpus or None, options, tree is not None)
+            info[spec.name] = {"kind": "lookup", "corpus": corpus or None, "tree": tree,
+                               "branches": drafter.max_branches, "max_ngram": drafter.max_ngram,
+                               "tokens": drafter.max_proposals}
+            if tree is not None:
+                drafter = TreeDrafter(drafter, tree, labels=["lookup"], target=target)
+            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q))
+        elif spec.kind == "hybrid":
+            sources, options = hybrid_sources(spec.arg)
+            tree = tree_budget(options.get("tree")) or DEFAULT_HYBRID_TREE
+            drafters, labels = [], []
+            for kind, value in sources:
+                if kind == "lookup":
+                    drafters.append(_lookup(target, value, {}, True))
+                elif kind == "small-ar":
+                    block = (block_sizes or (DEFAULT_SMALL_AR_BLOCK,))[0]
+                    drafters.append(SmallARDrafter(draft_model(value or DEFAULT_DRAFT), target,
+                                                   num_proposals=block - 1))
+                else:
+                    drafters.append(load_drafter(value, target))
+                labels.append(kind)
+            drafter = TreeDrafter(drafters, tree, labels=labels, target=target)
+            info[spec.name] = {"kind": "hybrid", "sources": [{"kind": k, "arg": v} for k, v in sources],
+                               "tree": tree}
+            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q))
         elif spec.kind == "hf-assisted":
             assistant = draft_model(spec.arg)
             if assistant.vocab_size != target.vocab_size:

@@ -196,6 +196,8 @@ def record_utilisation(record: Mapping) -> Utilisation | None:
     rounds = record.get("rounds")
     if rounds is None or "draft_tokens" not in rounds:
         return None
+    if any(parents is not None for parents in rounds.get("draft_parents") or []):
+        return None  # slot k of a tree round is no single token: accept/correct/waste are chain measures
     tokens = record["tokens"]
     generated = 1  # the prefill committed tokens[0]; round slot k predicts tokens[generated + k - 1]
     slots = accepted_slots = wasted = unknown = 0
@@ -220,6 +222,36 @@ def utilisation(records: Iterable[Mapping]) -> Utilisation | None:
         return None
     total = Utilisation(*(sum(getattr(p, name) for p in parts) for name in Utilisation.__dataclass_fields__))
     return total if total.slots > total.rounds else None  # None: nothing was ever drafted (e.g. `ar`)
+
+
+@dataclass(frozen=True)
+class TreeSummary:
+    rounds: int
+    mean_nodes: float  # tree nodes verified per round
+    tau: float
+    mean_depth: float  # accepted path depth per round
+    source_shares: dict[str, float]  # hybrids: share of accepted tokens each source had proposed
+
+
+def tree_summary(records: Iterable[Mapping]) -> TreeSummary | None:
+    """Pooled over every round of the records; None unless some round verified a tree."""
+    rounds = _rounds(records)
+    if not any(p is not None for r in rounds for p in r.get("draft_parents") or []):
+        return None
+    proposed = [p for r in rounds for p in r["proposed"]]
+    accepted = [a for r in rounds for a in r["accepted"]]
+    emitted = [e for r in rounds for e in r["emitted"]]
+    counts: dict[str, int] = {}
+    total = 0
+    for r in rounds:
+        for names in r.get("accepted_sources") or []:
+            for joined in names or []:
+                total += 1
+                for name in joined.split("+"):
+                    counts[name] = counts.get(name, 0) + 1
+    shares = {name: count / total for name, count in sorted(counts.items())} if total else {}
+    return TreeSummary(len(proposed), float(np.mean(proposed)), float(np.sum(emitted)) / len(emitted),
+                       float(np.mean(accepted)), shares)
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,25 @@ def _surrogate_section(results: Mapping) -> list[str]:
             + _table(["dataset", "run", "blocks", "Spearman rho", "p"], rows) + [""])
 
 
+def _tree_section(results: Mapping) -> list[str]:
+    rows = []
+    for dataset in _datasets(results):
+        for run, units in M.units_by_run(results, dataset).items():
+            trees = M.tree_summary(M.flat(units))
+            if trees is not None:
+                shares = ", ".join(f"{name} {share:.0%}" for name, share in trees.source_shares.items())
+                rows.append([dataset, f"`{M.run_label(run)}`", str(trees.rounds), _fmt(trees.mean_nodes, 1),
+                             _fmt(trees.tau), _fmt(trees.mean_depth), shares or "-"])
+    if not rows:
+        return []
+    return (["## Draft trees", "",
+             "Runs that verified trees: nodes sent to verification per round (the budget used), tau, the mean "
+             "accepted depth, and for hybrids the share of accepted tokens each source had proposed (a token "
+             "proposed by several sources counts for each).", ""]
+            + _table(["dataset", "run", "rounds", "nodes / round", "tau", "accepted depth", "accepted from"], rows)
+            + [""])
+
+
 def _tau_vs_k_section(results: Mapping, plots: list[str]) -> list[str]:
     rows = []
     for dataset in _datasets(results):
@@ -338,6 +357,7 @@ def render_markdown(results: Mapping, plots: list[str]) -> str:
     lines += _acceptance_section(results, plots)
     lines += _utilisation_section(results)
     lines += _verification_cost_section(results)
+    lines += _tree_section(results)
     lines += _surrogate_section(results)
     lines += _tau_vs_k_section(results, plots)
     lines += _agreement_section(results)
