@@ -55,6 +55,20 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device | None = No
         raise ConfigError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16, auto") from None
 
 
+def pick_device(name: str | None, *, field: str = "--device") -> torch.device:
+    """The device to run on: `name`, else CUDA when present, else the CPU; refuses one this torch lacks."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{field} {name!r} is not a device; use cpu or cuda (cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{field} {name!r}: this torch build has no usable CUDA device; use {field} cpu "
+                          "(or install a CUDA build of torch on a machine with a GPU)")
+    return device
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor | None  # (1, n_kept, V) float32

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.target_layer_ids is not None:
-            object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
+            if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+                raise ConfigError(f"target_layer_ids has repeated ids {list(self.target_layer_ids)}; give distinct ids")
+            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
         from ..losses import LOSSES
         from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
 
@@ -96,6 +100,8 @@ class TrainConfig:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
         if self.train_conversations is not None and int(self.train_conversations) < 1:
             raise ConfigError(f"train_conversations must be >= 1 (or null for all), got {self.train_conversations}")
         if not self.lr > 0:
@@ -158,10 +164,47 @@ class TrainConfig:
         return native_bf16(device) if self.autocast_bf16 == "auto" else bool(self.autocast_bf16)
 
     def resume_key(self) -> dict[str, Any]:
-        """Fields that must match for a resume: everything but bookkeeping and the step budget."""
+        """Fields that must match for a resume: everything but bookkeeping, the step budget and where
+        things live (the run folder, the data file, the feature cache): a moved run folder resumes, and
+        the data is matched by its content (`check_same_data`), not its path."""
         free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
-                "eval_anchors"}
+                "eval_anchors", "out_dir", "data", "feature_cache"}
         return {k: v for k, v in self.to_dict().items() if k not in free}
+
+
+_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+
+
+def check_field_types(config: Any) -> None:
+    """Each field of a config dataclass holds its annotated kind (`int`, `float | None`, `bool | str`,
+    `tuple[int, ...] | None`, ...), so a recipe's `block_size: 4.5` or an override `lr=abc` is refused
+    by name here, not met later as a traceback. Containers other than tuples of ints are left to the
+    field's own checks."""
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        options = [part.strip() for part in str(spec.type).split("|")]
+        if value is None and "None" in options:
+            continue
+        allowed = []
+        for option in options:
+            if option in _SCALARS:
+                allowed.append(_WORDS[option])
+                ok = isinstance(value, _SCALARS[option]) and (option == "bool" or not isinstance(value, bool))
+                if ok and option == "float" and not math.isfinite(value):
+                    raise ConfigError(f"{spec.name} must be a finite number, got {value!r}")
+                if ok:
+                    break
+            elif option.startswith("tuple[int"):
+                allowed.append("a list of integers")
+                if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                            for v in value):
+                    break
+            elif option != "None":
+                break  # a container checked by the field's own validation
+        else:
+            kinds = " or ".join(allowed) + (" or null" if "None" in options else "")
+            raise ConfigError(f"{spec.name} must be {kinds}, got {value!r}")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
