@@ -52,6 +52,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
+from ..files import write_json_atomic
 from ..target import load_target
 from .methods import build_runners, parse_method
 
@@ -145,14 +146,8 @@ class BenchConfig:
 # ---------------------------------------------------------------------------------------------
 # results.json: open for resume, write atomically
 
-def write_json_atomic(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", encoding="utf-8") as stream:
-        json.dump(payload, stream, separators=(",", ":"))
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(tmp, path)
+def write_results(path: Path, results: dict) -> None:
+    write_json_atomic(path, results, fsync=True, separators=(",", ":"))
 
 
 def read_results(path: str | Path) -> dict:
@@ -351,7 +346,7 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
             last_prompt_s = time.monotonic() - prompt_started
             results["records"].extend(new)
             session["prompts_measured"] += 1
-            write_json_atomic(out_dir / RESULTS, results)
+            write_results(out_dir / RESULTS, results)
             log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
     else:
         log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")

@@ -7,10 +7,10 @@ read), so `blockdraft report results.json` redraws a report without re-running a
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Mapping
 
+from ..files import write_text_atomic
 from . import metrics as M
 
 PLOTS = ("tau.png", "speedup.png", "acceptance.png", "tau_vs_k.png")
@@ -352,7 +352,5 @@ def write_report(results: Mapping, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = draw_plots(results, out_dir)
     path = out_dir / "report.md"
-    tmp = path.with_name(".report.md.partial")
-    tmp.write_text(render_markdown(results, plots), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, render_markdown(results, plots))
     return path

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from ..config import ConfigError, check_field_types
 
 FEATURE_MODES = ("online", "cached")
 
@@ -83,7 +82,7 @@ class TrainConfig:
         if self.target_layer_ids is not None:
             if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
                 raise ConfigError(f"target_layer_ids has repeated ids {list(self.target_layer_ids)}; give distinct ids")
-            object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
+            object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         from ..losses import LOSSES
         from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
 
@@ -170,41 +169,6 @@ class TrainConfig:
         free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
                 "eval_anchors", "out_dir", "data", "feature_cache"}
         return {k: v for k, v in self.to_dict().items() if k not in free}
-
-
-_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
-_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
-
-
-def check_field_types(config: Any) -> None:
-    """Each field of a config dataclass holds its annotated kind (`int`, `float | None`, `bool | str`,
-    `tuple[int, ...] | None`, ...), so a recipe's `block_size: 4.5` or an override `lr=abc` is refused
-    by name here, not met later as a traceback. Containers other than tuples of ints are left to the
-    field's own checks."""
-    for spec in dataclasses.fields(config):
-        value = getattr(config, spec.name)
-        options = [part.strip() for part in str(spec.type).split("|")]
-        if value is None and "None" in options:
-            continue
-        allowed = []
-        for option in options:
-            if option in _SCALARS:
-                allowed.append(_WORDS[option])
-                ok = isinstance(value, _SCALARS[option]) and (option == "bool" or not isinstance(value, bool))
-                if ok and option == "float" and not math.isfinite(value):
-                    raise ConfigError(f"{spec.name} must be a finite number, got {value!r}")
-                if ok:
-                    break
-            elif option.startswith("tuple[int"):
-                allowed.append("a list of integers")
-                if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
-                                                            for v in value):
-                    break
-            elif option != "None":
-                break  # a container checked by the field's own validation
-        else:
-            kinds = " or ".join(allowed) + (" or null" if "None" in options else "")
-            raise ConfigError(f"{spec.name} must be {kinds}, got {value!r}")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
