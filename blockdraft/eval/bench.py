@@ -52,11 +52,12 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
-from ..files import write_json_atomic
+from ..files import check_location, write_json_atomic
 from ..target import load_target
 from .methods import build_runners, parse_method
 
 SCHEMA = "blockdraft-bench/1"
+DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
 RESULTS = "results.json"
 WARMUP_TOKENS = 16
 
@@ -168,10 +169,9 @@ def read_results(path: str | Path) -> dict:
 def open_existing(out_dir: Path, config: BenchConfig, overwrite: bool) -> dict | None:
     """Earlier results to resume, None to start afresh; refuses a folder holding something else."""
     path = out_dir / RESULTS
+    check_location(out_dir)  # not a file, not under one, not the current folder
     if not out_dir.exists():
         return None
-    if not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file; give a folder")
     if not path.exists():
         if any(out_dir.iterdir()) and not overwrite:
             raise ConfigError(f"--out {out_dir} holds files but no {RESULTS}; give a new or empty folder "
@@ -285,6 +285,27 @@ def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, confi
     return records
 
 
+def check_prompt_lengths(pending: list, runners: list, target, config: BenchConfig) -> None:
+    """Before anything is measured: every prompt, all its turns rendered plus `max_new_tokens` per turn
+    and a block of lookahead, must fit the target's context; the refusal names the prompts."""
+    lookahead = max([r.block_size or 0 for r in runners] + [DEFAULT_LOOKAHEAD])
+    too_long = []
+    for _, name, prompt in pending:
+        # Each earlier turn's answer is at most max_new_tokens; empty answers stand in for them here.
+        messages = []
+        for text in prompt.turns:
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        rendered = len(render_chat(target.tokenizer, messages[:-1]))
+        needed = rendered + len(prompt.turns) * config.max_new_tokens + lookahead
+        if needed > target.max_positions:
+            too_long.append(f"{name} {prompt.id} ({rendered} prompt tokens)")
+    if too_long:
+        shown = ", ".join(too_long[:5]) + (f" and {len(too_long) - 5} more" if len(too_long) > 5 else "")
+        raise ConfigError(f"{len(too_long)} prompt(s) do not fit the target's {target.max_positions} positions with "
+                          f"--max-new-tokens {config.max_new_tokens} per turn: {shown}; lower --max-new-tokens, "
+                          "or leave them out with --n or a shorter prompt file (nothing was measured)")
+
+
 def _progress(records: list[dict]) -> str:
     parts = []
     for r in records:
@@ -324,6 +345,7 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
             raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
         runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,
                                               record_q=config.record_q)
+        check_prompt_lengths(pending, runners, target, config)
         env = environment(target, config)
         results = existing or {"schema": SCHEMA, "environment": env, "sessions": [], "records": []}
         results.update(config=config.to_dict(), methods=methods_info)
@@ -337,17 +359,26 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
         for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
             runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
         last_prompt_s = 0.0
-        for number, (position, name, prompt) in enumerate(pending, 1):
-            if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
-                log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure the rest")
-                break
-            prompt_started = time.monotonic()
-            new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners))
-            last_prompt_s = time.monotonic() - prompt_started
-            results["records"].extend(new)
-            session["prompts_measured"] += 1
-            write_results(out_dir / RESULTS, results)
-            log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+        try:
+            for number, (position, name, prompt) in enumerate(pending, 1):
+                if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
+                    log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure "
+                        "the rest")
+                    break
+                prompt_started = time.monotonic()
+                new = measure_prompt(name, prompt, runners, target.tokenizer, config,
+                                     rotation=position % len(runners))
+                last_prompt_s = time.monotonic() - prompt_started
+                results["records"].extend(new)
+                session["prompts_measured"] += 1
+                write_results(out_dir / RESULTS, results)
+                log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+        except BaseException:
+            if results["records"]:  # results.json never stands without the report of what it holds
+                from .report import write_report
+
+                write_report(results, out_dir)
+            raise
     else:
         log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")
     from .report import write_report
