@@ -72,9 +72,11 @@ def _is_within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[str | Path | None] = ()) -> Path:
-    """Refuse an output path that is a regular file, lies under a file, is the current folder (or
-    holds it), or is (or holds) one of the `protect`ed input folders. Returns the path."""
+def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[str | Path | None] = (),
+                   replaced: bool = True) -> Path:
+    """Refuse an output path that is a regular file, lies under a file, or is (or holds) one of the
+    `protect`ed input folders; when the folder will be `replaced` as a whole, also the current folder
+    and its parents. Returns the path."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} is an existing file; give a folder path (a new or empty folder)")
@@ -83,7 +85,7 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
             raise ConfigError(f"{flag} {path} lies under {parent}, which is a file, not a folder; "
                               "give a path inside a folder")
     resolved = path.resolve()
-    if _is_within(Path.cwd().resolve(), resolved):
+    if replaced and _is_within(Path.cwd().resolve(), resolved):
         raise ConfigError(f"{flag} {path} is the current folder or one holding it; writing there would "
                           f"replace what is in it: give a new subfolder, e.g. {flag} runs/out")
     for source in protect:

@@ -68,7 +68,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .files import check_location
 
     started = time.monotonic()
-    out = check_location(out)
+    out = check_location(out, replaced=False)
     out.mkdir(parents=True, exist_ok=True)
     plan = Plan.for_budget(budget)
     print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min -> {plan}", flush=True)

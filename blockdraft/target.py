@@ -227,14 +227,15 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
 
 
 def _load_tokenizer(path: Path):
-    """The folder's tokenizer; None when it has none (transformers then builds one with no vocabulary)."""
+    """The folder's tokenizer; None when it has none (transformers then builds one whose vocabulary is
+    only its default special tokens, which encodes any text to no ids at all)."""
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return tokenizer if len(tokenizer) > 0 else None
+    return tokenizer if len(tokenizer.get_vocab()) > len(tokenizer.all_special_tokens) else None
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:

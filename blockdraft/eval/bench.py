@@ -159,17 +159,45 @@ def read_results(path: str | Path) -> dict:
         results = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path} does not exist; run `blockdraft bench ... --out DIR` first") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path} is not a readable results file ({err})") from None
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError (binary bytes) included
+        raise ConfigError(f"{path} is not a readable results file ({err}); re-run `blockdraft bench` into a new "
+                          "--out, or restore the file") from None
     if not isinstance(results, dict) or results.get("schema") != SCHEMA:
         raise ConfigError(f"{path} is not a blockdraft bench results file (schema {SCHEMA})")
+    check_records(results, path)
     return results
+
+
+RECORD_KEYS = {"dataset": str, "prompt_id": str, "turn": int, "method": str, "tokens": list, "decode_s": (int, float),
+               "prefill_s": (int, float)}
+
+
+def check_records(results: dict, path: Path) -> None:
+    """The fields the report reads, with their types: a damaged file is refused by name, not met as a
+    traceback halfway through the report."""
+    if not isinstance(results.get("config"), dict) or not isinstance(results.get("records"), list):
+        raise ConfigError(f"{path} lacks its config object or its records list; the file is damaged: re-run "
+                          "`blockdraft bench` or restore it")
+    for number, record in enumerate(results["records"]):
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path}: record {number} is a {type(record).__name__}, not an object; the file is "
+                              "damaged: re-run `blockdraft bench` or restore it")
+        for key, kind in RECORD_KEYS.items():
+            if key not in record:
+                raise ConfigError(f"{path}: record {number} lacks {key!r}; the file is damaged: re-run "
+                                  "`blockdraft bench` or restore it")
+            if not isinstance(record[key], kind) or isinstance(record[key], bool):
+                raise ConfigError(f"{path}: record {number} has {key}={record[key]!r}, of the wrong type; the file "
+                                  "is damaged: re-run `blockdraft bench` or restore it")
+        if record.get("rounds") is not None and not isinstance(record["rounds"], dict):
+            raise ConfigError(f"{path}: record {number} has rounds={record['rounds']!r}, not an object; the file is "
+                              "damaged")
 
 
 def open_existing(out_dir: Path, config: BenchConfig, overwrite: bool) -> dict | None:
     """Earlier results to resume, None to start afresh; refuses a folder holding something else."""
     path = out_dir / RESULTS
-    check_location(out_dir)  # not a file, not under one, not the current folder
+    check_location(out_dir, replaced=False)  # not a file, not under one
     if not out_dir.exists():
         return None
     if not path.exists():
@@ -407,8 +435,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     source = Path(args.results)
     results = read_results(source)
-    out_dir = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
-    print(f"report: {write_report(results, out_dir)}")
+    out_dir = check_location(Path(args.out) if args.out else (source if source.is_dir() else source.parent),
+                             replaced=False)
+    try:
+        report = write_report(results, out_dir)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as err:
+        raise ConfigError(f"{source} is damaged: the report cannot read it ({type(err).__name__}: {err}); re-run "
+                          "`blockdraft bench` or restore the file") from None
+    print(f"report: {report}")
     return 0
 
 
