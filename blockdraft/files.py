@@ -139,6 +139,15 @@ def _umask() -> int:
     return mask
 
 
+def _normal_permissions(folder: Path) -> None:
+    """What a plain `mkdir` / `open` would give: tempfile makes the folder 0700 and safetensors writes
+    its files 0600, which would hide a shared drafter from the user's group."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for path in folder.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, overwrite: bool = False) -> None:
     """`write(tmp)` fills a temporary sibling folder, which is then renamed to `out_dir`, so readers see
     the old folder or the new one, never half of one. An existing `out_dir` is replaced only when it is
@@ -156,7 +165,7 @@ def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, o
                     raise ConfigError(f"{out_dir} is not empty; give a new or empty folder, or --overwrite")
             else:
                 check_out_dir(out_dir, kind, overwrite=overwrite)
-        os.chmod(tmp, 0o777 & ~_umask())
+        _normal_permissions(tmp)
         if out_dir.exists():
             # A fresh, unique name: nothing of the user's can be in the way of the backup.
             backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
