@@ -94,15 +94,15 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
         source = Path(source).expanduser()
         if source.exists() and _is_within(source.resolve(), resolved):
             raise ConfigError(f"{flag} {path} is (or holds) {source}, which this command reads from; writing "
-                              "there would delete it: give another folder")
+                              "there would overwrite or delete it: give another folder")
     return path
 
 
 def check_out_dir(out: str | Path, kind: str, *, overwrite: bool = False, flag: str = "--out",
-                  protect: Iterable[str | Path | None] = ()) -> Path:
+                  protect: Iterable[str | Path | None] = (), replaced: bool = True) -> Path:
     """`check_location`, then refuse a non-empty folder that is not an earlier `kind` output unless
     `overwrite`. Call it before the expensive work, so a refusal costs nothing."""
-    path = check_location(out, flag=flag, protect=protect)
+    path = check_location(out, flag=flag, protect=protect, replaced=replaced)
     if _holds_files(path) and not overwrite and not _is_approved(path):
         found = output_kind(path)
         if found != kind:

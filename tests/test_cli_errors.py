@@ -187,6 +187,8 @@ CASES = [
     ("train-layer-ids-scalar", no_setup, TRAIN + ["target_layer_ids=1"], ["target_layer_ids"]),
     ("train-foreign-out-dir", victim, ["train", "--config", "{base}/recipe.json", "out_dir={sandbox}/victim"],
      ["--overwrite"]),
+    ("train-out-dir-target", no_setup, ["train", "--config", "{base}/recipe.json", "out_dir={target}", "--overwrite"],
+     ["reads from"]),
     # init-drafter
     ("init-layer-ids-words", no_setup, INIT + ["--target-layer-ids", "a,b", "--out", "{sandbox}/d"],
      ["--target-layer-ids"]),

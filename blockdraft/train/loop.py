@@ -161,7 +161,10 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     """
     device = _setup(config)
     dist_info = Distributed.from_env(device)
-    out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir")
+    # The run writes its own files into out_dir and never replaces the folder itself; it must not be
+    # the target's folder, whose files it would mix with its own.
+    out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir", replaced=False,
+                            protect=[config.target if Path(config.target).is_dir() else None])
     if not dist_info.is_main:
         return _train(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
     out_dir.mkdir(parents=True, exist_ok=True)
