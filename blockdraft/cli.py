@@ -102,10 +102,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_init_drafter(args: argparse.Namespace) -> int:
     from .checkpoints import init_drafter, save_drafter
-    from .target import load_target
-
     from .files import check_out_dir
-    from .target import resolve_model_path
+    from .target import load_target, resolve_model_path
 
     layer_ids = parse_layer_ids(args.target_layer_ids)
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
