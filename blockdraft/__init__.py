@@ -41,13 +41,35 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
             raise ConfigError("tree_budget needs a drafter: plain decoding has no draft to build a tree from")
         drafter = as_tree(drafter, tree_budget, target)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
-    if not isinstance(prompt_ids, torch.Tensor):
-        prompt_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    elif prompt_ids.ndim == 1:
-        prompt_ids = prompt_ids[None]
+    prompt_ids = _prompt_tensor(prompt_ids)
+    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_proposals", num_proposals, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigError(f"seed must be an integer or None, got {seed!r}")
     stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
     return speculative_generate(target, drafter, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                 stop_token_ids=stops, seed=seed, num_proposals=num_proposals, record_q=record_q)
+
+
+def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """(1, L) int64 token ids from a tensor or a list; refuses floats, empty prompts and batches."""
+    if not isinstance(prompt_ids, torch.Tensor):
+        ids = list(prompt_ids)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ConfigError("prompt_ids must be integer token ids (e.g. tokenizer(text)['input_ids']), got "
+                              f"{[type(i).__name__ for i in ids[:3]]}...")
+        prompt_ids = torch.tensor([ids], dtype=torch.long)
+    if prompt_ids.is_floating_point() or prompt_ids.is_complex() or prompt_ids.dtype == torch.bool:
+        raise ConfigError(f"prompt_ids must hold integer token ids, got a {prompt_ids.dtype} tensor; pass "
+                          "tokenizer(text, return_tensors='pt').input_ids or cast with .long()")
+    if prompt_ids.ndim == 1:
+        prompt_ids = prompt_ids[None]
+    if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
+        raise ConfigError(f"prompt_ids must be one sequence, shape (L,) or (1, L), got {tuple(prompt_ids.shape)}")
+    if prompt_ids.shape[1] == 0:
+        raise ConfigError("prompt_ids is empty: give at least one token")
+    return prompt_ids.long()
 
 
 __all__ = ["ConfigError", "DFlashConfig", "Drafter", "GenerationResult", "NoDrafter", "Proposal", "RoundRecord",

@@ -21,8 +21,6 @@ GGUF are deleted: the model folder's marker keeps the hashes `verify()` checks a
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import gc
 import hashlib
 import json
@@ -35,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from .files import folder_lock, write_json_atomic
 
 MARKER = ".complete.json"
 GiB = 1 << 30
@@ -167,9 +167,7 @@ def _read_marker(marker: Path) -> dict | None:
 
 
 def _write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = _partial(path)
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, payload, indent=2, sort_keys=True)
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -448,28 +446,9 @@ def fetch(name: str, *, force: bool = False, keep_sources: bool = False) -> Path
     return path(name)
 
 
-@contextlib.contextmanager
 def _fetch_lock(asset: ModelAsset | PromptAsset):
-    """One fetch of an asset at a time: a second one waits, then finds it ready. The OS drops the lock
-    when its holder dies, so a killed fetch never blocks the next one."""
-    lock_path = home() / "locks" / f"{asset.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            print(f"waiting for another fetch of {asset.name} (pid {lock.read().strip() or '?'}) ...",
-                  file=sys.stderr, flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        lock.seek(0)
-        lock.truncate()
-        lock.write(str(os.getpid()))
-        lock.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    """One fetch of an asset at a time: a second one waits, then finds it ready."""
+    return folder_lock(home() / "locks" / f"{asset.name}.lock", what=f"another fetch of {asset.name}", wait=True)
 
 
 def path(name: str) -> Path:

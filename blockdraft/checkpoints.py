@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +21,7 @@ from torch import nn
 from .config import ConfigError, DFlashConfig, default_target_layer_ids
 from .drafters.base import Drafter
 from .drafters.dflash import DFlashDraftModel, DFlashDrafter
+from .files import atomic_write_folder
 from .target import Target, load_target
 
 CONFIG_NAME = "config.json"
@@ -49,23 +47,18 @@ def remap_keys(state: Mapping[str, torch.Tensor], source: str) -> dict[str, torc
     return out
 
 
-def _atomic_write_folder(out_dir: Path, write) -> None:
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        write(tmp)
-        if out_dir.exists():
-            backup = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            os.replace(out_dir, backup)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+# drafters/local_head.py still imports the writer under its old private name; the one implementation
+# is `files.atomic_write_folder`.
+_atomic_write_folder = atomic_write_folder
+
+
+def check_finite(state: Mapping[str, torch.Tensor], source: str | Path) -> None:
+    """Refuse NaN/inf weights at load: an all-NaN `fc.weight` still drafts greedily (argmax of NaN is
+    0) and only fails later, at T > 0."""
+    bad = sorted(key for key, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all())
+    if bad:
+        raise ConfigError(f"{source} holds NaN or infinite values in {bad[:6]}{'...' if len(bad) > 6 else ''}: the "
+                          "checkpoint is corrupt or its training diverged; use an earlier checkpoint")
 
 
 def head_prefix(name: str) -> str:
@@ -74,8 +67,9 @@ def head_prefix(name: str) -> str:
 
 
 def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: Mapping[str, Any] | None = None,
-                 heads: Mapping[str, nn.Module] | None = None) -> None:
+                 heads: Mapping[str, nn.Module] | None = None, overwrite: bool = False) -> None:
     """Write the released format. `extra_files` maps file names to JSON-able objects (e.g. a training config).
+    An existing `out_dir` is replaced only if it holds a drafter (or `overwrite`; `files.atomic_write_folder`).
 
     `heads` (name -> module with a `describe()`) are saved in the same file under `{name}_head.` and
     described in `config.json` under `heads`; without heads the file is the plain released format.
@@ -96,7 +90,7 @@ def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: M
         for name, obj in (extra_files or {}).items():
             (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
-    _atomic_write_folder(Path(out_dir), write)
+    atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
 
 
 def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
@@ -112,6 +106,7 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as err:
         raise ConfigError(f"{weights} is not a readable safetensors file ({err}); the checkpoint is corrupt") from None
+    check_finite(state, weights)  # heads' tensors included: they live in the same file
     source = "prefixed" if state and all(k.startswith("model.") for k in state) else "dflash"
     state = remap_keys(state, source)
     # Heads described in config.json live under their own prefixes; `load_drafter` attaches them.

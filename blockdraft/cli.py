@@ -14,10 +14,28 @@ from .config import ConfigError
 
 def _setup_torch(args: argparse.Namespace) -> torch.device:
     """Device and threads are chosen once, here, and printed."""
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from .target import pick_device
+
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    device = pick_device(getattr(args, "device", None))
+    if threads:
+        torch.set_num_threads(threads)
     return device
+
+
+def parse_layer_ids(text: str | None, flag: str = "--target-layer-ids") -> tuple[int, ...] | None:
+    """`1,3,5` -> (1, 3, 5); refuses non-integers, empty items and repeats by name."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.lstrip("-").isdigit() for item in items):
+        raise ConfigError(f"{flag} takes comma-separated integers such as 1,3,5, got {text!r}")
+    ids = tuple(int(item) for item in items)
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{flag} repeats a layer id ({text}); give each target layer once")
+    return ids
 
 
 def _load_pair(args: argparse.Namespace, device: torch.device):
@@ -67,7 +85,11 @@ def _tree_budget(text: str) -> int | str:
 def _encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
     tokenizer = target.tokenizer
     if tokenizer is None:
-        raise ConfigError(f"{target.name} has no tokenizer, so a text prompt cannot be encoded")
+        raise ConfigError(f"{target.name} has no tokenizer files (tokenizer.json / tokenizer_config.json), so a text "
+                          "prompt cannot be encoded: copy the model's tokenizer files into its folder")
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"--chat: the tokenizer of {target.name} has no chat template (a base model?); drop --chat "
+                          "to send the prompt as plain text")
     if chat:
         messages = [{"role": "user", "content": text}]
         try:
@@ -85,10 +107,10 @@ def _encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
 def cmd_generate(args: argparse.Namespace) -> int:
     from . import generate
 
-    device = _setup_torch(args)
-    target, drafter = _load_pair(args, device)
     if not args.prompt:
         raise ConfigError("the prompt is empty: pass --prompt TEXT")
+    device = _setup_torch(args)
+    target, drafter = _load_pair(args, device)
     prompt_ids = _encode_prompt(target, args.prompt, args.chat)
     result = generate(target, drafter, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, top_k=args.top_k, seed=args.seed, draft_argmax=args.draft_argmax,
@@ -107,13 +129,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_init_drafter(args: argparse.Namespace) -> int:
     from .checkpoints import init_drafter, save_drafter
-    from .target import load_target
+    from .files import check_out_dir
+    from .target import load_target, resolve_model_path
 
+    layer_ids = parse_layer_ids(args.target_layer_ids)
+    check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target, dtype="fp32")
-    layer_ids = tuple(int(x) for x in args.target_layer_ids.split(",")) if args.target_layer_ids else None
     drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
                            mask_token_id=args.mask_token_id, seed=args.seed)
-    save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out)
+    save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out,
+                 overwrite=args.overwrite)
     cfg = drafter.config
     print(f"wrote {args.out}: {cfg.num_hidden_layers} layer(s), block {cfg.block_size}, "
           f"target layers {list(cfg.target_layer_ids)}, mask token {cfg.mask_token_id}")
@@ -141,9 +166,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = TrainConfig.load(args.config, args.overrides)
     deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
-    final = train(config, resume=args.resume, deadline=deadline)
+    final = train(config, resume=args.resume, deadline=deadline, overwrite=args.overwrite)
     print(f"drafter written to {final}")
     return 0
+
+
+def add_overwrite_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out even if it holds something other than an earlier output of this kind")
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -193,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="drafter folder to write (new, empty, or an earlier drafter)")
+    add_overwrite_flag(p)
     p.set_defaults(func=cmd_init_drafter)
 
     p = sub.add_parser("train", help="train a DFlash drafter from a JSON recipe (see recipes/)")
@@ -202,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from out_dir's latest checkpoint")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop at the first step past this many minutes, with a checkpoint (--resume continues)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train in an out_dir that holds other files (files of the run's own names are replaced)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("demo", help="tiny target + drafter: a lossless speculative generation and its tau")

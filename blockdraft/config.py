@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,6 +20,41 @@ LAYOUTS = ("dflash", "dspark")
 
 class ConfigError(ValueError):
     """Raised for configuration values that cannot work; the message names the fix."""
+
+
+_SCALARS = {"int": (numbers.Integral,), "float": (numbers.Real,), "str": (str,), "bool": (bool,)}
+_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+
+
+def check_field_types(config: Any) -> None:
+    """Each field of a config dataclass holds its annotated kind (`int`, `float | None`, `bool | str`,
+    `tuple[int, ...] | None`, ...), so a recipe's `block_size: 4.5` or an override `lr=abc` is refused
+    by name here, not met later as a traceback. Containers other than tuples of ints are left to the
+    field's own checks."""
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        options = [part.strip() for part in str(spec.type).split("|")]
+        if value is None and "None" in options:
+            continue
+        allowed = []
+        for option in options:
+            if option in _SCALARS:
+                allowed.append(_WORDS[option])
+                ok = isinstance(value, _SCALARS[option]) and (option == "bool" or not isinstance(value, bool))
+                if ok and option == "float" and not math.isfinite(value):
+                    raise ConfigError(f"{spec.name} must be a finite number, got {value!r}")
+                if ok:
+                    break
+            elif option.startswith("tuple[int"):
+                allowed.append("a list of integers")
+                if isinstance(value, (list, tuple)) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                                            for v in value):
+                    break
+            elif option != "None":
+                break  # a container checked by the field's own validation
+        else:
+            kinds = " or ".join(allowed) + (" or null" if "None" in options else "")
+            raise ConfigError(f"{spec.name} must be {kinds}, got {value!r}")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -65,6 +102,7 @@ class DFlashConfig:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
@@ -123,7 +161,12 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "DFlashConfig":
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"a drafter config.json must hold a JSON object, got a {type(raw).__name__}; the "
+                              "checkpoint is corrupt: re-save or re-download it")
         architectures = raw.get("architectures") or []
+        if not isinstance(architectures, list):
+            architectures = [architectures]
         if DFLASH_ARCHITECTURE not in architectures:
             raise ConfigError(
                 f"config.json describes {architectures or 'no architecture'}, not a DFlash drafter "
@@ -145,6 +188,12 @@ class DFlashConfig:
             "architectures", "model_type", "rope_theta", "rope_scaling", "hidden_act", "tie_word_embeddings",
             "dflash_config", "blockdraft_layout"}
         heads = raw.get("num_attention_heads")
+        if not isinstance(heads, int) or not isinstance(raw["hidden_size"], int) or heads < 1:
+            raise ConfigError(f"config.json: hidden_size and num_attention_heads must be positive integers, got "
+                              f"{raw['hidden_size']!r} and {heads!r}; the checkpoint is corrupt")
+        if not isinstance(dflash["target_layer_ids"], list):
+            raise ConfigError(f"config.json: dflash_config.target_layer_ids must be a list of integers, got "
+                              f"{dflash['target_layer_ids']!r}")
         return cls(
             hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
@@ -203,12 +252,18 @@ class SamplingConfig:
     draft_argmax: bool = False
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.draft_argmax, bool):
+            raise ConfigError(f"draft_argmax must be True or False, got {self.draft_argmax!r}")
 
     @property
     def greedy(self) -> bool:

@@ -29,6 +29,7 @@ from .config import ConfigError, DFlashConfig
 from .drafters.dflash import DFlashDraftModel, check_compatible
 from .drafters.dspark import load_strict
 from .drafters.heads import VARIANT_ALIASES, build_heads
+from .files import check_out_dir
 from .target import Target, load_target
 
 #: DSpark fields that become the DFlash `dflash_config`, the layout flag or the `heads` entry
@@ -120,9 +121,12 @@ def _check_target_copies(state: Mapping[str, torch.Tensor], target: Target) -> N
                               f"for another target than {target.name}")
 
 
-def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | str | None = None) -> dict[str, Any]:
-    """Convert a released DSpark checkpoint; returns a report (missing/unexpected keys are empty on success)."""
+def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | str | None = None,
+                  overwrite: bool = False) -> dict[str, Any]:
+    """Convert a released DSpark checkpoint; returns a report (missing/unexpected keys are empty on success).
+    `out_dir` may replace an earlier drafter, never `src_dir` or another folder (unless `overwrite`)."""
     src = Path(src_dir)
+    check_out_dir(out_dir, "drafter", overwrite=overwrite, protect=[src])
     raw, state = _read(src)
     target = load_target(target) if target is not None else None
     config = dspark_config(raw, num_target_layers=target.num_layers if target is not None else None)
@@ -149,7 +153,7 @@ def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | 
         raise ConfigError(f"{src / WEIGHTS_NAME} does not match its DSpark config.json: missing {missing}, "
                           f"unexpected {unexpected}")
     attached = {name: head for name, head in (("markov", markov), ("confidence", confidence)) if head is not None}
-    save_drafter(model, out_dir, heads=attached)
+    save_drafter(model, out_dir, heads=attached, overwrite=overwrite)
     return {"out_dir": str(out_dir), "layout": "dspark", "block_size": config.block_size,
             "num_proposals": config.num_proposals, "heads": heads, "missing": missing, "unexpected": unexpected,
             "dropped": dropped, "checked_against_target": target is not None,
@@ -158,16 +162,23 @@ def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | 
 
 
 def cmd_import_dspark(args: argparse.Namespace) -> int:
+    from .target import resolve_model_path
+
+    if args.target:
+        check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target) if args.target else None  # its stored dtype: the copies compare exactly
-    report = import_dspark(args.src, args.out, target=target)
+    report = import_dspark(args.src, args.out, target=target, overwrite=args.overwrite)
     print(json.dumps(report, indent=2))
     return 0
 
 
 def add_cli(subparsers) -> None:
+    from .cli import add_overwrite_flag
+
     p = subparsers.add_parser("import-dspark", help="convert a released DSpark checkpoint (Markov + confidence heads)")
     p.add_argument("src", help="DSpark checkpoint folder (config.json + model.safetensors)")
     p.add_argument("--out", required=True, help="output drafter folder")
+    add_overwrite_flag(p)
     p.add_argument("--target", default=None,
                    help="target model: checks the stored embed_tokens/lm_head against it and fills num_target_layers")
     p.set_defaults(func=cmd_import_dspark)

@@ -65,8 +65,10 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .train.config import TrainConfig
     from .train.loop import train
 
+    from .files import check_location
+
     started = time.monotonic()
-    out = Path(out)
+    out = check_location(out, replaced=False)
     out.mkdir(parents=True, exist_ok=True)
     plan = Plan.for_budget(budget)
     print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min -> {plan}", flush=True)
@@ -198,7 +200,15 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     lines.append("")
     small = [s for run, s in speedups.items() if run[0].startswith("small-ar") and s is not None]
     recipe = better_recipe(results.get("config", {}).get("target", ""))
+    from .eval.report import speedup_cautions
+
     for run, speed in speedups.items():
+        tau = taus.get(run)
+        if run[0].startswith("dflash") and tau is not None and tau.value <= 1.0:
+            lines.append("**The drafter trained in this quickstart accepted nothing**: in every round the target "
+                         "rejected its first proposal (tau 1.00), so each round committed only the target's own "
+                         "token, as plain decoding does. It needs far more training (see below).")
+        lines += [f"**Caution:** {text}" for text in speedup_cautions(run[0], tau, speed)]
         if run[0].startswith("dflash") and speed is not None and speed.value < 1.0:
             small_text = f" The small-AR draft reaches {_fmt(small[0])} on the same prompts." if small else ""
             lines.append(f"**The drafter trained in this quickstart is slower than plain decoding: {_fmt(speed)}.** "

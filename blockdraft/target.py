@@ -56,6 +56,20 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device | None = No
         raise ConfigError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16, auto") from None
 
 
+def pick_device(name: str | None, *, field: str = "--device") -> torch.device:
+    """The device to run on: `name`, else CUDA when present, else the CPU; refuses one this torch lacks."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{field} {name!r} is not a device; use cpu or cuda (cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{field} {name!r}: this torch build has no usable CUDA device; use {field} cpu "
+                          "(or install a CUDA build of torch on a machine with a GPU)")
+    return device
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor | None  # (1, n_kept, V) float32
@@ -232,20 +246,58 @@ def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: 
             model = model.to(device=device, dtype=parse_dtype(dtype, device) if dtype else None)
         return Target(model)
     path = resolve_model_path(path_or_model)
-    kwargs = {"dtype": parse_dtype(dtype, device) if dtype else "auto"}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as err:
-        raise ConfigError(f"could not load a causal LM from {path}: {err}") from None
+    model = _load_checked(path, dtype=parse_dtype(dtype, device) if dtype else "auto")
     if device is not None:
         model = model.to(device)
-    tokenizer = None
+    return Target(model, tokenizer=_load_tokenizer(path), name=str(path_or_model))
+
+
+def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
+    """The model at `path`, refusing what transformers would only report: weights missing from the
+    checkpoint (initialised at random), unexpected or mis-shaped ones. A tied `lm_head` is not missing."""
+    import json
+
+    from safetensors import SafetensorError
+
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ConfigError(f"{path} has no config.json, so it is not a Hugging Face model folder; point --target at "
+                          "the folder holding the model's config.json and weights (or a `blockdraft assets` name)")
     try:
-        from transformers import AutoTokenizer
+        raw = json.loads(config_path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{config_path} is not valid JSON ({err}); re-copy the model folder") from None
+    from .config import DFLASH_ARCHITECTURE
+
+    if isinstance(raw, dict) and DFLASH_ARCHITECTURE in (raw.get("architectures") or []):
+        raise ConfigError(f"{path} is a DFlash drafter, not a target model: pass it as --drafter, and as --target "
+                          "the model it drafts for")
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"could not load a causal LM from {path}: {first}; the folder needs config.json and its "
+                          "complete weights (model.safetensors): re-copy or re-download it") from None
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(str(k) for k in info.get("mismatched_keys") or ())
+    if missing or unexpected or mismatched or info.get("error_msgs"):
+        shown = lambda keys: f"{keys[:4]}{'...' if len(keys) > 4 else ''}"  # noqa: E731
+        raise ConfigError(f"the weights in {path} do not match its config.json (missing {shown(missing)}, unexpected "
+                          f"{shown(unexpected)}, wrong shape {shown(mismatched)}): transformers would fill the missing "
+                          "ones at random; re-copy or re-download the complete model")
+    return model
+
+
+def _load_tokenizer(path: Path):
+    """The folder's tokenizer; None when it has none (transformers then builds one whose vocabulary is
+    only its default special tokens, which encodes any text to no ids at all)."""
+    from transformers import AutoTokenizer
+
+    try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        pass
-    return Target(model, tokenizer=tokenizer, name=str(path_or_model))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return tokenizer if len(tokenizer.get_vocab()) > len(tokenizer.all_special_tokens) else None
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from ..config import ConfigError
 from .prompts import Prompt
 
 
@@ -46,7 +48,7 @@ def render_chat(tokenizer, user_text: str) -> str:
     """The generation prompt for one user message, thinking disabled where the template supports it."""
     template = tokenizer.chat_template
     if not template:
-        raise ValueError("the target tokenizer has no chat template; regen needs an instruct/chat model")
+        raise ConfigError("the target tokenizer has no chat template; regen needs an instruct/chat model")
     extra = {"enable_thinking": False} if "enable_thinking" in str(template) else {}
     return tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
                                          add_generation_prompt=True, **extra)
@@ -81,7 +83,7 @@ def _check_settings(done: dict[str, dict], out_jsonl: Path, expected: dict) -> N
     for row in done.values():
         for key, value in expected.items():
             if row.get(key) != value:
-                raise ValueError(f"{out_jsonl} already has rows made with {key}={row.get(key)!r}, not {value!r}; "
+                raise ConfigError(f"{out_jsonl} already has rows made with {key}={row.get(key)!r}, not {value!r}; "
                                  f"resume with the same settings or write to a new --out file")
 
 
@@ -91,7 +93,7 @@ def _eos_ids(model, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     if not ids:
-        raise ValueError("the target defines no EOS token; regen cannot tell finished answers from cut ones")
+        raise ConfigError("the target defines no EOS token; regen cannot tell finished answers from cut ones")
     return ids
 
 
@@ -112,10 +114,25 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
     from ..assets import resolve_model
     from ..target import parse_dtype
 
-    if n < 1 or batch_size < 1 or max_new_tokens < 1 or temperature < 0:
-        raise ValueError("need n >= 1, batch_size >= 1, max_new_tokens >= 1 and temperature >= 0")
+    for name, value, low in (("n", n, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1),
+                             ("max_prompt_tokens", max_prompt_tokens, 1)):
+        if not isinstance(value, int) or value < low:
+            raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if not prompts:
+        raise ConfigError("the prompt source holds no usable prompt; give a JSONL file with one prompt per line")
+    if n > len(prompts):
+        raise ConfigError(f"--n {n} asks for more conversations than the {len(prompts)} prompts available; "
+                          f"lower --n to at most {len(prompts)} or give more prompts")
     started = time.time()
     out_jsonl = Path(out_jsonl)
+    if out_jsonl.is_dir():
+        raise ConfigError(f"--out {out_jsonl} is a folder; regen appends to a JSONL file: give a file path such as "
+                          f"{out_jsonl / 'regen.jsonl'}")
+    for parent in out_jsonl.absolute().parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"--out {out_jsonl} lies under {parent}, which is a file; give a path inside a folder")
     folder = resolve_model(target)
     tokenizer = AutoTokenizer.from_pretrained(folder)
 
@@ -130,7 +147,7 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
         if len(selected) == n:
             break
     if len(selected) < n:
-        raise ValueError(f"only {len(selected)} of {len(prompts)} prompts fit in max_prompt_tokens="
+        raise ConfigError(f"only {len(selected)} of {len(prompts)} prompts fit in max_prompt_tokens="
                          f"{max_prompt_tokens} ({too_long} too long); lower n or raise max_prompt_tokens")
 
     settings = {"temperature": temperature, "max_new_tokens": max_new_tokens, "target": str(target)}

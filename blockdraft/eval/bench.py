@@ -52,10 +52,12 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
+from ..files import check_location, write_json_atomic
 from ..target import load_target
 from .methods import build_runners, parse_method
 
 SCHEMA = "blockdraft-bench/1"
+DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
 RESULTS = "results.json"
 WARMUP_TOKENS = 16
 
@@ -145,14 +147,8 @@ class BenchConfig:
 # ---------------------------------------------------------------------------------------------
 # results.json: open for resume, write atomically
 
-def write_json_atomic(path: Path, payload: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", encoding="utf-8") as stream:
-        json.dump(payload, stream, separators=(",", ":"))
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(tmp, path)
+def write_results(path: Path, results: dict) -> None:
+    write_json_atomic(path, results, fsync=True, separators=(",", ":"))
 
 
 def read_results(path: str | Path) -> dict:
@@ -163,20 +159,47 @@ def read_results(path: str | Path) -> dict:
         results = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path} does not exist; run `blockdraft bench ... --out DIR` first") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path} is not a readable results file ({err})") from None
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError (binary bytes) included
+        raise ConfigError(f"{path} is not a readable results file ({err}); re-run `blockdraft bench` into a new "
+                          "--out, or restore the file") from None
     if not isinstance(results, dict) or results.get("schema") != SCHEMA:
         raise ConfigError(f"{path} is not a blockdraft bench results file (schema {SCHEMA})")
+    check_records(results, path)
     return results
+
+
+RECORD_KEYS = {"dataset": str, "prompt_id": str, "turn": int, "method": str, "tokens": list, "decode_s": (int, float),
+               "prefill_s": (int, float)}
+
+
+def check_records(results: dict, path: Path) -> None:
+    """The fields the report reads, with their types: a damaged file is refused by name, not met as a
+    traceback halfway through the report."""
+    if not isinstance(results.get("config"), dict) or not isinstance(results.get("records"), list):
+        raise ConfigError(f"{path} lacks its config object or its records list; the file is damaged: re-run "
+                          "`blockdraft bench` or restore it")
+    for number, record in enumerate(results["records"]):
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path}: record {number} is a {type(record).__name__}, not an object; the file is "
+                              "damaged: re-run `blockdraft bench` or restore it")
+        for key, kind in RECORD_KEYS.items():
+            if key not in record:
+                raise ConfigError(f"{path}: record {number} lacks {key!r}; the file is damaged: re-run "
+                                  "`blockdraft bench` or restore it")
+            if not isinstance(record[key], kind) or isinstance(record[key], bool):
+                raise ConfigError(f"{path}: record {number} has {key}={record[key]!r}, of the wrong type; the file "
+                                  "is damaged: re-run `blockdraft bench` or restore it")
+        if record.get("rounds") is not None and not isinstance(record["rounds"], dict):
+            raise ConfigError(f"{path}: record {number} has rounds={record['rounds']!r}, not an object; the file is "
+                              "damaged")
 
 
 def open_existing(out_dir: Path, config: BenchConfig, overwrite: bool) -> dict | None:
     """Earlier results to resume, None to start afresh; refuses a folder holding something else."""
     path = out_dir / RESULTS
+    check_location(out_dir, replaced=False)  # not a file, not under one
     if not out_dir.exists():
         return None
-    if not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file; give a folder")
     if not path.exists():
         if any(out_dir.iterdir()) and not overwrite:
             raise ConfigError(f"--out {out_dir} holds files but no {RESULTS}; give a new or empty folder "
@@ -290,6 +313,27 @@ def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, confi
     return records
 
 
+def check_prompt_lengths(pending: list, runners: list, target, config: BenchConfig) -> None:
+    """Before anything is measured: every prompt, all its turns rendered plus `max_new_tokens` per turn
+    and a block of lookahead, must fit the target's context; the refusal names the prompts."""
+    lookahead = max([r.block_size or 0 for r in runners] + [DEFAULT_LOOKAHEAD])
+    too_long = []
+    for _, name, prompt in pending:
+        # Each earlier turn's answer is at most max_new_tokens; empty answers stand in for them here.
+        messages = []
+        for text in prompt.turns:
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        rendered = len(render_chat(target.tokenizer, messages[:-1]))
+        needed = rendered + len(prompt.turns) * config.max_new_tokens + lookahead
+        if needed > target.max_positions:
+            too_long.append(f"{name} {prompt.id} ({rendered} prompt tokens)")
+    if too_long:
+        shown = ", ".join(too_long[:5]) + (f" and {len(too_long) - 5} more" if len(too_long) > 5 else "")
+        raise ConfigError(f"{len(too_long)} prompt(s) do not fit the target's {target.max_positions} positions with "
+                          f"--max-new-tokens {config.max_new_tokens} per turn: {shown}; lower --max-new-tokens, "
+                          "or leave them out with --n or a shorter prompt file (nothing was measured)")
+
+
 def _progress(records: list[dict]) -> str:
     parts = []
     for r in records:
@@ -329,6 +373,7 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
             raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
         runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,
                                               record_q=config.record_q)
+        check_prompt_lengths(pending, runners, target, config)
         env = environment(target, config)
         results = existing or {"schema": SCHEMA, "environment": env, "sessions": [], "records": []}
         results.update(config=config.to_dict(), methods=methods_info)
@@ -342,17 +387,26 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
         for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
             runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
         last_prompt_s = 0.0
-        for number, (position, name, prompt) in enumerate(pending, 1):
-            if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
-                log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure the rest")
-                break
-            prompt_started = time.monotonic()
-            new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners))
-            last_prompt_s = time.monotonic() - prompt_started
-            results["records"].extend(new)
-            session["prompts_measured"] += 1
-            write_json_atomic(out_dir / RESULTS, results)
-            log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+        try:
+            for number, (position, name, prompt) in enumerate(pending, 1):
+                if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
+                    log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure "
+                        "the rest")
+                    break
+                prompt_started = time.monotonic()
+                new = measure_prompt(name, prompt, runners, target.tokenizer, config,
+                                     rotation=position % len(runners))
+                last_prompt_s = time.monotonic() - prompt_started
+                results["records"].extend(new)
+                session["prompts_measured"] += 1
+                write_results(out_dir / RESULTS, results)
+                log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+        except BaseException:
+            if results["records"]:  # results.json never stands without the report of what it holds
+                from .report import write_report
+
+                write_report(results, out_dir)
+            raise
     else:
         log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")
     from .report import write_report
@@ -381,8 +435,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     source = Path(args.results)
     results = read_results(source)
-    out_dir = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
-    print(f"report: {write_report(results, out_dir)}")
+    out_dir = check_location(Path(args.out) if args.out else (source if source.is_dir() else source.parent),
+                             replaced=False)
+    try:
+        report = write_report(results, out_dir)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as err:
+        raise ConfigError(f"{source} is damaged: the report cannot read it ({type(err).__name__}: {err}); re-run "
+                          "`blockdraft bench` or restore the file") from None
+    print(f"report: {report}")
     return 0
 
 

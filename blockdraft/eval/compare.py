@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,17 +294,16 @@ def draw_curves(run_dirs: Mapping[str, str | Path], out_path: Path) -> str | Non
 
 
 def write_compare(out_dir: Path, configs: Mapping[str, Any], finals: Mapping[str, Path], baseline: str) -> Path:
-    from .bench import RESULTS, read_results, write_json_atomic
+    from ..files import write_json_atomic, write_text_atomic
+    from .bench import RESULTS, read_results
 
     bench = read_results(out_dir / "bench" / RESULTS)
     summary = summarise(bench, finals, baseline)
     summary["varies"] = varying_fields(configs)
-    write_json_atomic(out_dir / "compare.json", summary)
+    write_json_atomic(out_dir / "compare.json", summary, fsync=True, separators=(",", ":"))
     png = draw_curves({name: config.out_dir for name, config in configs.items()}, out_dir / "curves.png")
     path = out_dir / "compare.md"
-    tmp = path.with_name(".compare.md.partial")
-    tmp.write_text(render(summary, configs, bench, png), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, render(summary, configs, bench, png))
     return path
 
 

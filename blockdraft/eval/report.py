@@ -7,10 +7,10 @@ read), so `blockdraft report results.json` redraws a report without re-running a
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Mapping
 
+from ..files import write_text_atomic
 from . import metrics as M
 
 PLOTS = ("tau.png", "speedup.png", "acceptance.png", "tau_vs_k.png")
@@ -27,6 +27,26 @@ def format_interval(estimate: M.Estimate | None, suffix: str = "") -> str:
     if estimate.prompts < 2:  # resampling one prompt gives a zero-width interval, which would read as certainty
         return f"{estimate.value:.2f}{suffix} (1 prompt: no interval)"
     return f"{estimate.value:.2f}{suffix} [{estimate.low:.2f}, {estimate.high:.2f}]"
+
+
+MIN_PROMPTS = 5  # fewer prompts than this cannot separate a speedup from timing noise
+TAU_NO_GAIN = 1.05  # at tau <= ~1 a round commits about one token, as plain decoding does
+
+
+def speedup_cautions(label: str, tau: M.Estimate | None, speedup: M.Estimate | None) -> list[str]:
+    """Plain-words warnings for a speedup that cannot be trusted: one contradicting its tau (a method
+    committing <= ~1 token per verify round does the work of plain decoding plus drafting, so it cannot
+    be faster beyond noise), and one resting on fewer than `MIN_PROMPTS` prompts."""
+    if speedup is None:
+        return []
+    out = []
+    if tau is not None and tau.value <= TAU_NO_GAIN and speedup.value > 1.0:
+        out.append(f"`{label}` shows {speedup.value:.2f}x at tau {tau.value:.2f}: committing about one token per "
+                   "round it cannot beat plain decoding, so this speedup is timing noise, not a gain.")
+    if speedup.prompts < MIN_PROMPTS:
+        out.append(f"`{label}`: the speedup rests on {speedup.prompts} prompt(s); fewer than {MIN_PROMPTS} cannot "
+                   "tell a speedup from timing noise (measure more prompts with --n).")
+    return out
 
 
 def _pct(num: int, den: int) -> str:
@@ -97,7 +117,7 @@ def _speed_section(results: Mapping, plots: list[str]) -> list[str]:
              "tau = committed tokens per verify round; speedup = AR decode time per token / the run's, prefill "
              "excluded; 95% bootstrap intervals over prompts. HF peers: tau = tokens / target forward passes, "
              "decode time = generate() time minus a separately timed prompt pass (see Notes).", ""]
-    slower = []
+    slower, cautions = [], []
     for dataset in _datasets(results):
         units = M.units_by_run(results, dataset)
         ar = units.get(("ar", None))
@@ -105,15 +125,20 @@ def _speed_section(results: Mapping, plots: list[str]) -> list[str]:
         for run, run_units in units.items():
             seconds, tokens = M.decode_counts(M.flat(run_units))
             speedup = M.speedup_estimate(ar, run_units) if ar and run != ("ar", None) else None
-            if speedup is not None and speedup.value < 1 and dataset == _datasets(results)[-1]:
-                slower.append(f"`{M.run_label(run)}` ({speedup.value:.2f}x)")
-            rows.append([f"`{M.run_label(run)}`", str(len(run_units)), format_interval(M.tau_estimate(run_units)),
+            tau = M.tau_estimate(run_units)
+            if dataset == _datasets(results)[-1]:
+                if speedup is not None and speedup.value < 1:
+                    slower.append(f"`{M.run_label(run)}` ({speedup.value:.2f}x)")
+                cautions += speedup_cautions(M.run_label(run), tau, speedup)
+            rows.append([f"`{M.run_label(run)}`", str(len(run_units)), format_interval(tau),
                          "1 (baseline)" if run == ("ar", None) else format_interval(speedup, "x"),
                          _fmt(tokens / seconds if seconds > 0 else None, 1)])
         lines += [f"### {dataset}", ""] + _table(["run", "prompts", "tau [95% CI]", "speedup vs ar [95% CI]",
                                                   "decode tok/s"], rows) + [""]
     if slower:
         lines += [f"Slower than plain decoding on these prompts: {', '.join(slower)}.", ""]
+    if cautions:
+        lines += ["**Caution:**", ""] + [f"- {text}" for text in cautions] + [""]
     lines += [f"![{name}]({name})" for name in plots if name in ("tau.png", "speedup.png")] + [""]
     return lines
 
@@ -372,7 +397,5 @@ def write_report(results: Mapping, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = draw_plots(results, out_dir)
     path = out_dir / "report.md"
-    tmp = path.with_name(".report.md.partial")
-    tmp.write_text(render_markdown(results, plots), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, render_markdown(results, plots))
     return path

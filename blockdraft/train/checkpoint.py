@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 
 from ..checkpoints import save_drafter
 from ..config import ConfigError, DFlashConfig
+from ..files import write_json_atomic
 from .config import TrainConfig
 
 
@@ -27,18 +29,18 @@ class TrainingError(RuntimeError):
 
 def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlashConfig,
                     optimizer: torch.optim.Optimizer, step: int, config: TrainConfig,
-                    heads: dict[str, torch.nn.Module] | None = None) -> Path:
-    """`heads` (name -> module) go into the same file under `{name}_head.` (`checkpoints.save_drafter`)."""
+                    heads: dict[str, torch.nn.Module] | None = None, *, data_fingerprint: str | None = None) -> Path:
+    """`heads` (name -> module) go into the same file under `{name}_head.` (`checkpoints.save_drafter`).
+    `data_fingerprint` (the tokenised data's) is what a resume must find again."""
     folder = out_dir / "checkpoints" / f"step_{step:06d}"
     # The optimizer state goes in through a temporary file so the folder rename stays the commit point.
+    # Plain containers, tensors and numbers only: `load_train_state` reads it with weights_only=True.
     staging = out_dir / f".train_state.{step}.pt"
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key()}, staging)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key(),
+                "data_fingerprint": data_fingerprint}, staging)
     save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads)
     os.replace(staging, folder / "train_state.pt")
-    pointer = out_dir / "latest.json"
-    tmp = out_dir / ".latest.json.tmp"
-    tmp.write_text(json.dumps({"step": step, "path": str(folder.relative_to(out_dir))}) + "\n")
-    os.replace(tmp, pointer)
+    write_json_atomic(out_dir / "latest.json", {"step": step, "path": str(folder.relative_to(out_dir))})
     _prune(out_dir / "checkpoints", keep=config.keep_checkpoints, current=folder)
     return folder
 
@@ -51,17 +53,44 @@ def _prune(folder: Path, *, keep: int, current: Path) -> None:
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The checkpoint `latest.json` points at (a path relative to `out_dir`, so a moved run folder
+    still resumes); None when there is none yet."""
     pointer = Path(out_dir) / "latest.json"
     if not pointer.exists():
         return None
-    folder = Path(out_dir) / json.loads(pointer.read_text())["path"]
+    try:
+        raw = json.loads(pointer.read_text())
+        relative = Path(raw["path"])
+        if not isinstance(raw["step"], int) or relative.is_absolute() or ".." in relative.parts:
+            raise ValueError("bad path or step")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{pointer} is corrupt ({err}); it should read {{\"step\": N, \"path\": "
+                          f"\"checkpoints/step_00000N\"}}: fix it to name a checkpoint under {out_dir}/checkpoints, "
+                          "or delete it to restart") from None
+    folder = Path(out_dir) / relative
     if not (folder / "train_state.pt").exists():
         raise ConfigError(f"{pointer} points at {folder}, which is incomplete; delete {pointer} to restart")
     return folder
 
 
 def load_train_state(folder: Path, config: TrainConfig) -> dict:
-    state = torch.load(folder / "train_state.pt", map_location="cpu", weights_only=False)
+    """The optimizer state and step of a checkpoint, read with `weights_only=True`: a crafted pickle
+    cannot run code. Refuses a checkpoint trained with other fields (`TrainConfig.resume_key`)."""
+    path = folder / "train_state.pt"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(f"{path} is not a plain training state (tensors, numbers and containers only): it is "
+                          "corrupt or was not written by blockdraft, and was refused without running any of it; "
+                          f"delete {folder} and point latest.json at an earlier checkpoint, or start a new "
+                          "out_dir") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as err:
+        raise ConfigError(f"{path} is unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+                          f"the checkpoint is corrupt: delete {folder} and point latest.json at an earlier one, "
+                          "or start a new out_dir") from None
+    if not isinstance(state, dict) or not {"step", "optimizer", "resume_key"} <= state.keys():
+        raise ConfigError(f"{path} lacks step/optimizer/resume_key; the checkpoint is corrupt: delete {folder} "
+                          "and point latest.json at an earlier one, or start a new out_dir")
     theirs, ours = state["resume_key"], config.resume_key()
     differing = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
     if differing:
@@ -69,3 +98,12 @@ def load_train_state(folder: Path, config: TrainConfig) -> dict:
         raise ConfigError(f"cannot resume from {folder}: it was trained with a different config ({details}); "
                           "use the same recipe or a new out_dir")
     return state
+
+
+def check_same_data(state: dict, fingerprint: str, config: TrainConfig, folder: Path) -> None:
+    """A resume must train on the same tokenised conversations, wherever the file now lives."""
+    stored = state.get("data_fingerprint")
+    if stored is not None and stored != fingerprint:
+        raise ConfigError(f"cannot resume from {folder}: the data at {config.data} is not the data this run was "
+                          f"trained on (fingerprint {stored[:12]} then, {fingerprint[:12]} now); restore that "
+                          "file or start a new out_dir")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from ..config import ConfigError, check_field_types
 
 FEATURE_MODES = ("online", "cached")
 
@@ -78,7 +78,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.target_layer_ids is not None:
+            if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+                raise ConfigError(f"target_layer_ids has repeated ids {list(self.target_layer_ids)}; give distinct ids")
             object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         from ..losses import LOSSES
         from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
@@ -96,6 +99,8 @@ class TrainConfig:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
         if self.train_conversations is not None and int(self.train_conversations) < 1:
             raise ConfigError(f"train_conversations must be >= 1 (or null for all), got {self.train_conversations}")
         if not self.lr > 0:
@@ -158,9 +163,11 @@ class TrainConfig:
         return native_bf16(device) if self.autocast_bf16 == "auto" else bool(self.autocast_bf16)
 
     def resume_key(self) -> dict[str, Any]:
-        """Fields that must match for a resume: everything but bookkeeping and the step budget."""
+        """Fields that must match for a resume: everything but bookkeeping, the step budget and where
+        things live (the run folder, the data file, the feature cache): a moved run folder resumes, and
+        the data is matched by its content (`check_same_data`), not its path."""
         free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
-                "eval_anchors"}
+                "eval_anchors", "out_dir", "data", "feature_cache"}
         return {k: v for k, v in self.to_dict().items() if k not in free}
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError
 from ..data.conversations import TokenizedConversation, TokenizedDataset, fingerprint_of
+from ..files import write_json_atomic
 
 FORMAT = "blockdraft-features/1"
 INDEX_FILE, DATA_FILE = "index.json", "features.bin"
@@ -64,12 +65,7 @@ def _read_index(out_dir: Path) -> dict | None:
 
 def _write_index(out_dir: Path, index: dict) -> None:
     """Atomic: a reader sees the old index or the new one, never half of one."""
-    partial = out_dir / (INDEX_FILE + ".partial")
-    with open(partial, "w") as stream:
-        json.dump(index, stream)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(partial, out_dir / INDEX_FILE)
+    write_json_atomic(out_dir / INDEX_FILE, index, fsync=True)
 
 
 def _check_identity(index: dict, expected: dict, out_dir: Path) -> None:
@@ -223,6 +219,12 @@ class FeatureCache:
         self.offsets: list[int] = index["offsets"]
         self.done: int = index["done"] if not index["complete"] else len(self.lengths)
         storage = STORAGE[self.dtype][1]
+        data_path = self.out_dir / DATA_FILE
+        want = index["total_tokens"] * index["num_features"] * np.dtype(storage).itemsize
+        have = data_path.stat().st_size if data_path.is_file() else 0
+        if have < want:
+            raise FeatureCacheError(f"{data_path} holds {have} bytes, its index describes {want}: the cache is "
+                                    f"truncated or damaged; delete {self.out_dir} and cache the features again")
         # Copy-on-write mapping: pages are shared with the page cache, and a stray in-place write
         # changes only this process's copy, never the file.
         self._rows = np.memmap(self.out_dir / DATA_FILE, dtype=storage, mode="c",

@@ -315,6 +315,8 @@ def _load_for_heads(args):
     from ..checkpoints import load_drafter
     from ..target import load_target
 
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.target, dtype=args.dtype, device=args.device)
@@ -325,21 +327,47 @@ def _save_headed(drafter, args, extra: dict[str, Any]) -> None:
     from ..drafters.dspark import save_headed_drafter
 
     drafter.backbone.model.to(_stored_dtype(args.drafter))
-    save_headed_drafter(drafter, args.out, extra_files={"local_head_attach.json": extra})
+    save_headed_drafter(drafter, args.out, extra_files={"local_head_attach.json": extra}, overwrite=args.overwrite)
+
+
+def _check_drafter_out(args, *inputs) -> None:
+    """Before any work: --out may replace an earlier drafter (the input drafter itself included, in
+    place), never the target or a folder of other files unless --overwrite."""
+    from ..files import check_out_dir
+    from ..target import resolve_model_path
+
+    check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target), *inputs])
 
 
 def cmd_train_local_head(args) -> int:
+    from ..files import check_out_dir, overwrite_allowed
+    from ..target import resolve_model_path
+
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_out_dir(args.out_dir, "local-head", overwrite=args.overwrite,
+                  protect=[resolve_model_path(args.target), args.data])
     fields = {f.name for f in dataclasses.fields(LocalHeadTrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     values["max_steps"] = args.steps
-    train_local_head(LocalHeadTrainConfig(**values))
+    # save_local_head takes no overwrite flag; the approval reaches its atomic writer this way.
+    with overwrite_allowed(args.out_dir if args.overwrite else None):
+        train_local_head(LocalHeadTrainConfig(**values))
     return 0
 
 
 def cmd_attach_local_head(args) -> int:
+    from safetensors.torch import load_file
+
+    from ..checkpoints import WEIGHTS_NAME, check_finite
+
+    _check_drafter_out(args, args.local_head)
     target, drafter = _load_for_heads(args)
+    head_weights = Path(args.local_head) / WEIGHTS_NAME
+    if head_weights.is_file():
+        check_finite(load_file(str(head_weights)), head_weights)
     headed = attach_local_head(drafter, args.local_head, alpha=args.alpha, beta=args.beta)
     _save_headed(headed, args, {"local_head": str(args.local_head), "alpha": args.alpha, "beta": args.beta})
     fusion = find_fusion_head(headed)
@@ -351,6 +379,7 @@ def cmd_attach_local_head(args) -> int:
 def cmd_train_fusion_weights(args) -> int:
     from ..data.conversations import TokenizedDataset
 
+    _check_drafter_out(args, args.data)
     target, drafter = _load_for_heads(args)
     if target.tokenizer is None:
         raise ConfigError(f"{target.name} has no tokenizer to tokenise {args.data}")
@@ -368,11 +397,14 @@ def cmd_train_fusion_weights(args) -> int:
 
 
 def add_cli(subparsers) -> None:
+    from ..cli import add_overwrite_flag
+
     d = LocalHeadTrainConfig()
     p = subparsers.add_parser("train-local-head", help="DeLS-Spec: train a local head + unigram prior on tokenised text")
     p.add_argument("--target", required=True, help="target folder or asset name (tokenizer; embeddings for rnn)")
     p.add_argument("--data", required=True, help="regenerated JSONL or ShareGPT-style file")
     p.add_argument("--out", dest="out_dir", required=True, help="local head folder to write")
+    add_overwrite_flag(p)
     p.add_argument("--variant", default=d.variant, choices=list(LOCAL_VARIANTS))
     p.add_argument("--block-size", type=int, default=d.block_size,
                    help="training block; drafters proposing up to block_size - 1 tokens can use it")
@@ -394,6 +426,7 @@ def add_cli(subparsers) -> None:
         p.add_argument("--target", required=True)
         p.add_argument("--drafter", required=True, help="DFlash drafter folder (may already carry heads)")
         p.add_argument("--out", required=True, help="drafter folder to write, heads included")
+        add_overwrite_flag(p)
         p.add_argument("--dtype", default="fp32", choices=["bf16", "fp32"], help="target dtype while working")
         p.add_argument("--device", default=None)
         p.add_argument("--threads", type=int, default=None)

@@ -26,10 +26,11 @@ from .. import acceptance
 from ..checkpoints import init_drafter, load_drafter_model
 from ..config import ConfigError, default_target_layer_ids
 from ..drafters.dflash import DFlashDrafter
+from ..files import LOCK_NAME, check_out_dir, folder_lock
 from ..losses import LossKnobs, chunked_log_probs_of_labels, dpace_weights, get_loss
 from ..target import Target, load_target
 from .blocks import build_blocks, sample_anchors
-from .checkpoint import TrainingError, latest_checkpoint, load_train_state, save_checkpoint
+from .checkpoint import TrainingError, check_same_data, latest_checkpoint, load_train_state, save_checkpoint
 from .config import TrainConfig
 from .dspark import head_batch
 from .forward import block_logits
@@ -137,23 +138,42 @@ class TrainingData:
 
 
 def _setup(config: TrainConfig):
+    from ..target import pick_device
+
+    device = pick_device(config.device, field="device")
     if config.threads:
         torch.set_num_threads(config.threads)
-    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return device
 
 
 def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
-          deadline: float | None = None) -> Path:
+          deadline: float | None = None, overwrite: bool = False) -> Path:
     """Train a drafter per `config`; returns the final checkpoint folder.
 
     `stop_after` ends the run after that many steps of this invocation (used to test resume).
     `deadline` (a `time.monotonic()` value) ends it at the first step boundary past that time,
     with a checkpoint there; the schedule still spans `max_steps`, so `--resume` continues it.
     Both return the last checkpoint folder instead of `final`.
+
+    `out_dir` must be new, empty or an earlier run's folder (`overwrite`: any folder; files of its own
+    names are replaced, nothing else is deleted). The run holds a lock on it, so a second trainer
+    on the same folder is refused.
     """
     device = _setup(config)
     dist_info = Distributed.from_env(device)
+    # The run writes its own files into out_dir and never replaces the folder itself; it must not be
+    # the target's folder, whose files it would mix with its own.
+    out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir", replaced=False,
+                            protect=[config.target if Path(config.target).is_dir() else None])
+    if not dist_info.is_main:
+        return _train(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
+        return _train(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
+
+
+def _train(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool,
+           stop_after: int | None, deadline: float | None) -> Path:
     torch.manual_seed(config.seed)
     out_dir = Path(config.out_dir)
     target = load_target(config.target, dtype=config.target_dtype, device=device)
@@ -176,7 +196,11 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         drafter = None  # built below, once the data (and so the draft vocabulary) is known
     layer_ids = drafter.target_layer_ids if drafter is not None else (
         config.target_layer_ids or default_target_layer_ids(target.num_layers, config.num_layers))
+    if dist_info.is_main:  # marks the folder as a training run (files.output_kind) before any features land
+        (out_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     data = TrainingData(config, target, tuple(layer_ids), dist_info)
+    if state is not None:
+        check_same_data(state, data.dataset.fingerprint, config, resume_from)
     if drafter is None:
         draft_vocab = None
         if config.draft_vocab_size and config.draft_vocab_size >= target.vocab_size and dist_info.is_main:
@@ -214,8 +238,6 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     knobs = config.loss_knobs()
     first_slot = drafter.first_predicting_slot
     if dist_info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         trains = ("backbone + " if config.train_backbone else "heads on a frozen backbone: ") + ", ".join(heads)
         print(f"training {config.objective} | target {config.target} | {len(data)} conversations | "
               f"drafter {drafter.config.num_hidden_layers} layer(s), B={config.block_size}, target layers "
@@ -333,7 +355,8 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
             out_of_time = bool(dist_info.all_reduce_sum(flag).item() > 0)
         if done % config.save_every == 0 or done == config.max_steps or out_of_time:
             if dist_info.is_main:
-                last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config, heads=heads)
+                last_good = save_checkpoint(out_dir, model, drafter.config, optimizer, done, config, heads=heads,
+                                            data_fingerprint=data.dataset.fingerprint)
             if dist_info.world_size > 1:
                 dist.barrier()
         if out_of_time and done < config.max_steps:
