@@ -78,7 +78,9 @@ class MethodSpec:
     @property
     def name(self) -> str:
         """Canonical spec string (defaults filled in): the method's id in results.json."""
-        return self.kind if self.arg is None else f"{self.kind}:{self.arg}"
+        if self.arg is None:
+            return self.kind
+        return f"{self.kind}{self.arg}" if self.arg.startswith(",") else f"{self.kind}:{self.arg}"
 
     @property
     def uses_block_size(self) -> bool:
@@ -177,8 +179,10 @@ def _with_options(drafter, options: dict[str, str], target: Target, path: str):
 
 
 def parse_method(text: str) -> MethodSpec:
-    kind, _, arg = text.strip().partition(":")
-    arg = arg.strip() or None
+    text = text.strip()
+    cut = min((i for i in (text.find(":"), text.find(",")) if i >= 0), default=len(text))
+    kind, arg = text[:cut], text[cut:]
+    arg = (arg[1:] if arg.startswith(":") else arg).strip() or None  # `lookup,tree=16`: options, no argument
     if kind not in KINDS:
         raise ConfigError(f"unknown method {text!r}; use one of: {SPEC_HELP}")
     if kind == "ar" and arg is not None:
