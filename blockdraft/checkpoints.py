@@ -47,11 +47,6 @@ def remap_keys(state: Mapping[str, torch.Tensor], source: str) -> dict[str, torc
     return out
 
 
-# drafters/local_head.py still imports the writer under its old private name; the one implementation
-# is `files.atomic_write_folder`.
-_atomic_write_folder = atomic_write_folder
-
-
 def check_finite(state: Mapping[str, torch.Tensor], source: str | Path) -> None:
     """Refuse NaN/inf weights at load: an all-NaN `fc.weight` still drafts greedily (argmax of NaN is
     0) and only fails later, at T > 0."""

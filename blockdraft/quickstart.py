@@ -117,8 +117,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     bench_tokens = plan.bench_tokens if native_bf16() else max(32, plan.bench_tokens // 2)
     _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {bench_tokens} new tokens, "
            f"{SHARES['bench'] * left / 60:.1f} min)", started)
-    # cost=measured: each round's block length follows this machine's verify-cost curve (README, Heads).
-    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},cost=measured", f"hf-assisted:{draft_model}")
+    # The trained drafter verified as a DDTree whose size follows this machine's verify-cost curve, and
+    # the training-free hybrid (lookup + small AR + that drafter, one tree per round), beside the peers.
+    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},tree=measured",
+               f"hybrid:lookup+small-ar={draft_model}+dflash={drafter_dir},tree=32", f"hf-assisted:{draft_model}",
+               "hf-prompt-lookup")
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
                         max_new_tokens=bench_tokens, dtype="bf16", threads=threads)
     results = run_bench(bench, out / "bench", deadline=time.monotonic() + SHARES["bench"] * left)

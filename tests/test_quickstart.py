@@ -20,8 +20,11 @@ def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
     summary = (tmp_path / "qs" / "QUICKSTART.md").read_text()
     assert "speculative output identical to plain greedy decoding" in summary
     assert "`dflash:" in summary and "`small-ar:" in summary and "`hf-assisted:" in summary
+    assert "`hybrid:" in summary and "`hf-prompt-lookup" in summary
     results = json.loads((tmp_path / "qs" / "bench" / "results.json").read_text())
-    assert {r["method"].split(":")[0] for r in results["records"]} == {"ar", "small-ar", "dflash", "hf-assisted"}
+    assert {r["method"].split(":")[0] for r in results["records"]} == {"ar", "small-ar", "dflash", "hybrid",
+                                                                         "hf-assisted", "hf-prompt-lookup"}
+    assert any(r["method"].endswith(",tree=measured") for r in results["records"])
     assert (tmp_path / "qs" / "drafter" / "model.safetensors").exists()
     assert "regenerated conversations" in summary and "Hardware:" in summary
 

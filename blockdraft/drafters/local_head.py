@@ -416,7 +416,8 @@ register_slot_head("local", _build_from_spec)
 def save_local_head(out_dir: str | Path, head: LocalHead, prior: UnigramPrior, *,
                     extra: Mapping[str, Any] | None = None) -> None:
     """config.json + model.safetensors (head keys unprefixed, `prior.log_probs`), written atomically."""
-    from ..checkpoints import CONFIG_NAME, WEIGHTS_NAME, _atomic_write_folder
+    from ..checkpoints import CONFIG_NAME, WEIGHTS_NAME
+    from ..files import atomic_write_folder
 
     if prior.vocab_size != head.config.vocab_size:
         raise ConfigError(f"the prior covers {prior.vocab_size} tokens, the local head {head.config.vocab_size}")
@@ -429,7 +430,7 @@ def save_local_head(out_dir: str | Path, head: LocalHead, prior: UnigramPrior, *
         (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 
-    _atomic_write_folder(Path(out_dir), write)
+    atomic_write_folder(Path(out_dir), write)
 
 
 def load_local_head(path: str | Path) -> tuple[LocalHead, UnigramPrior]:
