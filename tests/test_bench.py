@@ -235,3 +235,43 @@ def test_dflash_options_switch_heads_and_prune(assets, tmp_path):
             parse_method(bad)
             build_runners((bad,), None, target, BenchConfig(target="x", methods=("ar",), datasets=("humaneval",))
                           .sampling)
+
+
+def test_tree_lookup_and_hybrid_methods(assets, tmp_path):
+    """`dflash:D,tree=N`, `lookup`, `lookup,tree=N`, `hybrid:...`: lossless in fp32, trees recorded and reported."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "def f0(x):\n    w0 w1 w2 w3 w4 w5"}) + "\n")
+    drafter = assets / "dflash"
+    methods = ["ar", f"dflash:{drafter},tree=6", f"dflash:{drafter},tree=measured", "lookup", "lookup,tree=8",
+               f"lookup:{corpus},tree=8,branches=3,ngram=2,tokens=3",
+               f"hybrid:lookup+small-ar={assets / 'target'}+dflash={drafter},tree=8"]
+    out = tmp_path / "run"
+    assert main(bench_args(assets, out, methods=methods, n="2", tokens="16")) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert all(a.differing == 0 for a in M.greedy_agreement(results).values())
+    info = results["methods"]
+    assert info[methods[1]]["options"]["tree"] == "6" and info[methods[1]]["tree"] == 6
+    assert info[methods[5]]["corpus"] == str(corpus) and info[methods[5]]["branches"] == 3
+    assert [s["kind"] for s in info[methods[6]]["sources"]] == ["lookup", "small-ar", "dflash"]
+    by_method = {run[0]: M.flat(units) for run, units in M.units_by_run(results).items()}
+    dflash_rounds = [r["rounds"] for r in by_method[methods[1]]]
+    assert any(p is not None for rounds in dflash_rounds for p in rounds["draft_parents"])
+    assert max(n for rounds in dflash_rounds for n in rounds["proposed"]) <= 6
+    hybrid = [r["rounds"] for r in by_method[methods[6]]]
+    assert any(names for rounds in hybrid for names in rounds["accepted_sources"])  # the target drafts for itself
+    summary = M.tree_summary(by_method[methods[6]])
+    assert summary is not None and "small-ar" in summary.source_shares
+    assert M.utilisation(by_method[methods[1]]) is None  # accept/correct/waste is a chain measure
+    report = (out / "report.md").read_text()
+    assert "## Draft trees" in report and "small-ar" in report.split("## Draft trees")[1]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("dflash:D,tree=0", "tree budget"), ("dflash:D,tree=many", "tree budget"), ("lookup,branches=0", "positive"),
+    ("lookup,depth=3", "not one of"), ("hybrid:lookup", "at least two"), ("hybrid:lookup+ngram", "not one of"),
+    ("hybrid:lookup+lookup", "once"), ("hybrid", "needs its sources"), ("hybrid:lookup+dflash", "not one of")])
+def test_bad_tree_method_spellings_are_refused(bad, message):
+    from blockdraft.eval.methods import parse_method
+
+    with pytest.raises(ConfigError, match=message):
+        parse_method(bad)

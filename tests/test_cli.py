@@ -56,3 +56,40 @@ def test_bad_input_exits_2_with_a_message(model_folder, tmp_path, capsys):
 def test_demo_runs_and_is_lossless(capsys):
     assert main(["demo", "--steps", "30"]) == 0
     assert "lossless: yes" in capsys.readouterr().out
+
+
+def test_generate_with_trees_lookup_and_hybrids_is_lossless(model_folder, tmp_path, capsys):
+    drafter_dir = tmp_path / "drafter"
+    assert main(["init-drafter", "--target", str(model_folder), "--layers", "1", "--block-size", "4",
+                 "--dtype", "fp32", "--out", str(drafter_dir)]) == 0
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"conversations": [{"from": "gpt", "value": "w1 w2 w3 w4 w1 w2"}]}) + "\n")
+    capsys.readouterr()
+    common = ["generate", "--target", str(model_folder), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "16",
+              "--dtype", "fp32", "--json"]
+    runs = {"plain": [], "tree": ["--drafter", str(drafter_dir), "--tree", "6"],
+            "measured": ["--drafter", str(drafter_dir), "--tree", "measured"], "lookup": ["--lookup"],
+            "lookup_tree": ["--lookup", "--lookup-corpus", str(corpus), "--tree", "8"],
+            "hybrid": ["--lookup", "--draft-model", str(model_folder), "--drafter", str(drafter_dir), "--tree", "10"]}
+    outputs = {}
+    for name, extra in runs.items():
+        assert main(common + extra) == 0, name
+        outputs[name] = json.loads(capsys.readouterr().out)
+    for name in runs:
+        assert outputs[name]["tokens"] == outputs["plain"]["tokens"], name
+    assert any(r["draft_parents"] for r in outputs["tree"]["rounds"])
+    assert any(r["accepted_sources"] for r in outputs["hybrid"]["rounds"])
+    for bad, message in ((["--tree", "0", "--lookup"], "tree budget"),
+                         (["--drafter", str(drafter_dir), "--lookup"], "--tree"),
+                         (["--tree", "4"], "needs a drafter"),
+                         (["--lookup", "--lookup-corpus", str(tmp_path / "none.jsonl")], "does not exist")):
+        assert _exit_code(common + bad) == 2, bad
+        assert message in capsys.readouterr().err, bad
+
+
+def _exit_code(argv) -> int:
+    """main's return code, or the code argparse exits with on a flag it refuses."""
+    try:
+        return main(argv)
+    except SystemExit as exit_info:
+        return exit_info.code
