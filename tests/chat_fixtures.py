@@ -1,4 +1,4 @@
-"""A tiny random Qwen2 chat model with a byte-level BPE tokenizer, as a local folder or as a GGUF file."""
+"""Tiny random chat models with byte-level BPE tokenizers, as local folders or as a GGUF file."""
 
 from __future__ import annotations
 
@@ -97,3 +97,32 @@ def write_tiny_gguf(path: Path):
     writer.write_tensors_to_file()
     writer.close()
     return model
+
+
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_tiny_chat_model(folder, arch: str = "qwen3", *, seed: int = 0, hidden_size: int = 32,
+                         num_layers: int = 3, words: int = 60):
+    """Write a tiny random causal LM with a byte-level BPE tokenizer and a chat template to `folder`."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<|im_end|>", "<|im_start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    vocabulary = " ".join(f"w{i}" for i in range(words))
+    tokenizer.train_from_iterator([vocabulary, "user assistant def return print"] * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>",
+                                   chat_template=TINY_CHAT_TEMPLATE)
+    fast.save_pretrained(folder)
+    # Leave spare embedding rows beyond the tokenizer, as real checkpoints do (a default mask token).
+    config = tiny_config(arch, vocab_size=tokenizer.get_vocab_size() + 8, hidden_size=hidden_size,
+                         num_layers=num_layers)
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = 1, 0, None
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = 1
+    model.save_pretrained(folder)
+    return folder
