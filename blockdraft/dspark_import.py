@@ -15,7 +15,6 @@ they are first checked equal to its own.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -159,26 +158,3 @@ def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | 
             "dropped": dropped, "checked_against_target": target is not None,
             "note": "embed_tokens/lm_head dropped: the drafter borrows the target's (checked equal when a target "
                     "is given)"}
-
-
-def cmd_import_dspark(args: argparse.Namespace) -> int:
-    from .target import resolve_model_path
-
-    if args.target:
-        check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
-    target = load_target(args.target) if args.target else None  # its stored dtype: the copies compare exactly
-    report = import_dspark(args.src, args.out, target=target, overwrite=args.overwrite)
-    print(json.dumps(report, indent=2))
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    from .cli import add_overwrite_flag
-
-    p = subparsers.add_parser("import-dspark", help="convert a released DSpark checkpoint (Markov + confidence heads)")
-    p.add_argument("src", help="DSpark checkpoint folder (config.json + model.safetensors)")
-    p.add_argument("--out", required=True, help="output drafter folder")
-    add_overwrite_flag(p)
-    p.add_argument("--target", default=None,
-                   help="target model: checks the stored embed_tokens/lm_head against it and fills num_target_layers")
-    p.set_defaults(func=cmd_import_dspark)

@@ -237,18 +237,3 @@ def _fmt(estimate) -> str:
     from .eval.report import format_interval
 
     return format_interval(estimate, "x")
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("quickstart", help="the main job: fetch, regenerate, train, benchmark, report")
-    p.add_argument("--out", required=True)
-    p.add_argument("--budget", type=float, default=30.0, help="minutes; smaller values for a quick look")
-    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--train-prompts", default="sharegpt-code", help="sharegpt, sharegpt-code or a JSONL file")
-    p.add_argument("--dataset", default="humaneval", help="benchmark set: a shipped name or NAME=PATH")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--no-fetch", dest="fetch", action="store_false", help="use local folders, fetch nothing")
-    p.set_defaults(func=lambda args: print(json.dumps({"report": str(run_quickstart(
-        args.out, budget=args.budget, target=args.target, draft_model=args.draft_model,
-        train_prompts=args.train_prompts, dataset=args.dataset, threads=args.threads, fetch=args.fetch))})) or 0)

@@ -11,6 +11,7 @@ import pytest
 
 from blockdraft import assets
 from blockdraft.assets import AssetError, ModelAsset
+from blockdraft.cli import build_parser
 
 PART_BYTES = [b"GGUF" + bytes(range(200)) * 3, b"second part" * 50, b"tail"]
 
@@ -211,8 +212,7 @@ def test_assemble_streams_parts_in_order(tmp_path):
 
 
 def test_cli(fake_env, capsys):
-    parser = argparse.ArgumentParser(prog="blockdraft")
-    assets.add_cli(parser.add_subparsers(required=True))
+    parser = build_parser()
     args = parser.parse_args(["assets", "fetch", "tiny-model"])
     assert args.func(args) == 0
     args = parser.parse_args(["assets", "path", "tiny-model"])

@@ -11,7 +11,7 @@ from blockdraft.eval import metrics as M
 from blockdraft.eval.bench import BenchConfig
 from blockdraft.config import ConfigError
 from blockdraft.target import load_target
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 
 
 @pytest.fixture(scope="module")

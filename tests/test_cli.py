@@ -4,7 +4,7 @@ import pytest
 
 import blockdraft
 from blockdraft.cli import main
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +93,25 @@ def _exit_code(argv) -> int:
         return main(argv)
     except SystemExit as exit_info:
         return exit_info.code
+
+
+COMMANDS = {"generate", "init-drafter", "train", "demo", "assets", "regen", "quickstart", "bench", "report", "compare",
+            "curves", "bench-engine", "bench-train", "bench-verify", "import-dspark", "train-local-head",
+            "attach-local-head", "train-fusion-weights"}
+
+
+def test_every_subcommand_is_registered():
+    from blockdraft.cli import build_parser
+
+    [subcommands] = [a for a in build_parser()._actions if a.dest == "command"]
+    assert set(subcommands.choices) == COMMANDS
+
+
+def test_a_broken_command_module_is_an_error_not_a_missing_command(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "blockdraft.cli.measure", None)  # importing it raises ImportError
+    monkeypatch.delitem(sys.modules, "blockdraft.cli")
+    with pytest.raises(ImportError):
+        importlib.import_module("blockdraft.cli")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from blockdraft.cli import main
 from blockdraft.files import LOCK_NAME
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 
 from helpers import write_chat_jsonl
 

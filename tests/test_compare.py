@@ -10,7 +10,7 @@ from blockdraft.cli import main
 from blockdraft.config import ConfigError
 from blockdraft.eval import compare as C
 from blockdraft.eval import metrics as M
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 
 from helpers import write_chat_jsonl
 

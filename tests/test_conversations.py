@@ -19,7 +19,7 @@ import torch
 
 from blockdraft.data.conversations import (ConversationError, TemplateError, TokenizedDataset, chat_segments,
                                            load_conversations, render, shuffled_indices, tokenize_conversation)
-from blockdraft.tiny import CHAT_TEMPLATE, save_tiny_chat_model
+from chat_fixtures import TINY_CHAT_TEMPLATE, save_tiny_chat_model
 
 QWEN_FIXTURES = Path(__file__).parent / "fixtures" / "qwen2.5"
 TOKENIZER_JSON_SHA256 = "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d"
@@ -176,7 +176,7 @@ def test_thinking_disabled_and_its_empty_block_unmasked(tiny):
         with pytest.raises(TemplateError, match="rewrites earlier turns"):
             tokenize_conversation(tiny, CHAT[1:], max_length=512)
     finally:
-        tiny.chat_template = CHAT_TEMPLATE
+        tiny.chat_template = TINY_CHAT_TEMPLATE
 
 
 def test_answer_cut_by_regen_has_no_end_of_turn_on_the_mask(tiny, tmp_path):
@@ -190,12 +190,12 @@ def test_answer_cut_by_regen_has_no_end_of_turn_on_the_mask(tiny, tmp_path):
 
 
 def test_template_without_generation_prompt_keeps_headers_off_the_mask(tiny):
-    tiny.chat_template = CHAT_TEMPLATE.split("{% if add_generation_prompt %}")[0]
+    tiny.chat_template = TINY_CHAT_TEMPLATE.split("{% if add_generation_prompt %}")[0]
     try:
         item = tokenize_conversation(tiny, CHAT, max_length=512)
         assert_masks_assistant_turns(tiny, CHAT, item)
     finally:
-        tiny.chat_template = CHAT_TEMPLATE
+        tiny.chat_template = TINY_CHAT_TEMPLATE
 
 
 def test_no_chat_template_is_an_error(tiny):

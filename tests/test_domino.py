@@ -19,7 +19,7 @@ from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.domino import DominoHead
 from blockdraft.drafters.dspark import HeadedDrafter, save_headed_drafter
 from blockdraft.drafters.heads import SlotHead
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.domino import DOMINO_VARIANTS, domino, domino_lambda
 from blockdraft.train.loop import train

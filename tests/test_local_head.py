@@ -24,7 +24,7 @@ from blockdraft.drafters.heads import MarkovHead
 from blockdraft.drafters.local_head import (MAX_FUSION_WEIGHT, DeLSFusionHead, LocalHead, LocalHeadConfig,
                                             UnigramPrior, attach_local_head, count_loss_tokens, find_fusion_head,
                                             load_local_head, save_local_head, tokenizer_fingerprint)
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.local_head import LocalHeadTrainConfig, fit_fusion_weights, fit_local_head
 from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)

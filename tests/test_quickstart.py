@@ -3,7 +3,7 @@
 import json
 
 from blockdraft.quickstart import Plan, run_quickstart
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 
 
 def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):

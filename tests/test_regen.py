@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 from chat_fixtures import WORDS, save_tiny_chat_folder
 
+from blockdraft.cli import build_parser
 from blockdraft.data import regen as R
 from blockdraft.data.prompts import Prompt
 
@@ -96,8 +96,7 @@ def test_long_prompts_are_skipped_deterministically(tiny_folder, tmp_path):
 def test_sampling_and_cli(tiny_folder, tmp_path, capsys):
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"id": p.id, "prompt": p.turns[0]}) + "\n" for p in prompts(3)))
-    parser = argparse.ArgumentParser(prog="blockdraft")
-    R.add_cli(parser.add_subparsers(required=True))
+    parser = build_parser()
     out = tmp_path / "cli.jsonl"
     args = parser.parse_args(["regen", "--target", str(tiny_folder), "--prompts", str(source), "--n", "3",
                               "--out", str(out), "--max-new-tokens", "4", "--temperature", "0.8",

@@ -16,7 +16,7 @@ from blockdraft.cli import main
 from blockdraft.config import ConfigError
 from blockdraft.files import LOCK_NAME, folder_lock
 from blockdraft.target import load_target
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from blockdraft import losses
 from blockdraft.config import ConfigError
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.checkpoint import TrainingError
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train

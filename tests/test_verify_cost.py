@@ -7,7 +7,7 @@ import pytest
 from blockdraft.cli import main
 from blockdraft.config import ConfigError
 from blockdraft.eval.verify_cost import verify_cost_table
-from blockdraft.tiny import save_tiny_chat_model
+from chat_fixtures import save_tiny_chat_model
 
 
 def test_table_rows_and_ratios(tmp_path):

@@ -33,7 +33,8 @@ from typing import Iterator, Sequence
 import torch
 
 from ..config import ConfigError
-from ..train.blocks import valid_anchor_positions
+from .anchors import valid_anchor_positions
+from .chat import chat_text
 
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant"}
@@ -169,9 +170,7 @@ def render(tokenizer, messages: Sequence[Message], *, add_generation_prompt: boo
         raise TemplateError("the tokenizer has no chat template; training needs the target's chat (instruct) "
                             "tokenizer")
     try:
-        plain = [{"role": m["role"], "content": m["content"]} for m in messages]  # templates see no extra keys
-        return tokenizer.apply_chat_template(plain, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt, enable_thinking=False)
+        return chat_text(tokenizer, messages, add_generation_prompt=add_generation_prompt)
     except Exception as err:  # jinja's raise_exception, a missing key, ...: the template refused this input
         roles = "/".join(m["role"] for m in messages)
         raise TemplateError(f"the chat template cannot render a {roles} conversation: {err}") from err

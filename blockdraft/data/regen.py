@@ -12,7 +12,6 @@ Row: {"id", "conversations": [{"role": "user", ...}, {"role": "assistant", ...}]
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -27,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import ConfigError
+from .chat import chat_text
 from .prompts import Prompt
 
 
@@ -49,9 +49,7 @@ def render_chat(tokenizer, user_text: str) -> str:
     template = tokenizer.chat_template
     if not template:
         raise ConfigError("the target tokenizer has no chat template; regen needs an instruct/chat model")
-    extra = {"enable_thinking": False} if "enable_thinking" in str(template) else {}
-    return tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
-                                         add_generation_prompt=True, **extra)
+    return chat_text(tokenizer, [{"role": "user", "content": user_text}])
 
 
 def read_done(out_jsonl: Path) -> dict[str, dict]:
@@ -235,41 +233,3 @@ def training_prompts(source: str) -> list[Prompt]:
     print(f"regen: {len(prompts)} prompts from {source}, {len(dropped)} dropped for overlapping "
           f"{', '.join(n for n in SHIPPED if n not in missing) or 'nothing'}", file=sys.stderr)
     return kept
-
-
-def _cli(args: argparse.Namespace) -> int:
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    stats = regen(args.target, training_prompts(args.prompts), args.n, args.out, max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
-                  max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype,
-                  deadline=None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes)
-    print(f"regen: {stats.written} rows written to {args.out} ({stats.already_done} already there, "
-          f"{stats.too_long} prompts skipped as too long); {stats.completion_tokens} tokens in "
-          f"{stats.seconds:.0f} s = {stats.tokens_per_second:.1f} tok/s"
-          + ("; stopped at --max-minutes, re-run to continue" if stats.stopped_early else ""))
-    return 0
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..assets import DEFAULT_TARGET
-
-    parser = subparsers.add_parser("regen", help="answer training prompts with the target itself (resumable JSONL)")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="model folder or asset name")
-    parser.add_argument("--prompts", default="sharegpt", help="'sharegpt', 'sharegpt-code' (programming prompts only) or a JSONL file of prompts")
-    parser.add_argument("--n", type=int, required=True, help="number of conversations in the output file")
-    parser.add_argument("--out", required=True, help="JSONL file to append to (resumed if it exists)")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward (left padded)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 where the hardware has it natively, else "
-                        "fp32: emulated bf16 makes batched passes several times slower), bf16, fp32 or fp16")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="stop starting batches after this many minutes (re-run to continue)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.set_defaults(func=_cli)
-    return parser

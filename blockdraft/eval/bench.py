@@ -35,7 +35,6 @@ results.json (schema "blockdraft-bench/1"):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import hashlib
@@ -51,6 +50,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import ConfigError, SamplingConfig
+from ..data.chat import chat_ids, has_chat_template
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import load_target
@@ -273,10 +273,8 @@ def render_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
     A tokenizer without a chat template (a base model) gets the turns as plain text.
     """
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False,
-                                            enable_thinking=False)
-        return [int(i) for i in ids]
+    if has_chat_template(tokenizer):
+        return chat_ids(tokenizer, messages)
     return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
@@ -415,66 +413,15 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     return results
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    config = BenchConfig(target=args.target, methods=tuple(args.method), datasets=tuple(args.dataset), n=args.n,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                         top_k=args.top_k, block_sizes=tuple(args.block_size) if args.block_size else None,
-                         dtype=args.dtype, threads=args.threads, device=args.device, seed=args.seed,
-                         record_q=not args.no_record_q)
-    run_bench(config, args.out, overwrite=args.overwrite,
-              deadline=None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes)
-    print(f"results: {Path(args.out) / RESULTS}\nreport:  {Path(args.out) / 'report.md'}")
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
+def redraw_report(results: str | Path, out: str | Path | None = None) -> Path:
+    """report.md and plots from a results.json (or the folder holding it), beside it unless `out`."""
     from .report import write_report
 
-    source = Path(args.results)
-    results = read_results(source)
-    out_dir = check_location(Path(args.out) if args.out else (source if source.is_dir() else source.parent),
-                             replaced=False)
+    source = Path(results)
+    loaded = read_results(source)
+    out_dir = check_location(Path(out) if out else (source if source.is_dir() else source.parent), replaced=False)
     try:
-        report = write_report(results, out_dir)
+        return write_report(loaded, out_dir)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as err:
         raise ConfigError(f"{source} is damaged: the report cannot read it ({type(err).__name__}: {err}); re-run "
                           "`blockdraft bench` or restore the file") from None
-    print(f"report: {report}")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark decoding methods side by side; writes results.json + report",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
-    p.add_argument("--method", nargs="+", required=True, metavar="M",
-                   help="ar, small-ar[:NAME_OR_PATH], dflash:PATH (repeatable), hf-assisted[:NAME_OR_PATH], "
-                        "hf-prompt-lookup[:N]; ar is always added as the baseline")
-    p.add_argument("--dataset", nargs="+", required=True, metavar="D",
-                   help="humaneval, mt-bench, gsm8k (fetched assets) or NAME=PATH for a local file in NAME's format")
-    p.add_argument("--n", type=int, default=None, help="first N prompts of each dataset (default: all)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--block-size", type=int, nargs="+", default=None, metavar="B",
-                   help="B = proposals + 1 for small-ar and dflash (default: each drafter's own B, small-ar 5); "
-                        "several values sweep tau vs K")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-record-q", action="store_true", help="skip the drafter q per proposal (no surrogate check)")
-    p.add_argument("--overwrite", action="store_true", help="replace results of a different configuration in --out")
-    p.add_argument("--max-minutes", type=float, default=None,
-                   help="stop starting prompts after this many minutes (re-run to measure the rest)")
-    p.add_argument("--out", required=True, help="output folder: results.json, report.md, *.png")
-    p.set_defaults(func=cmd_bench)
-
-    p = subparsers.add_parser("report", help="redraw report.md and plots from a bench results.json")
-    p.add_argument("results", help="results.json (or the folder holding it)")
-    p.add_argument("--out", default=None, help="folder for report.md and plots (default: beside results.json)")
-    p.set_defaults(func=cmd_report)

@@ -25,12 +25,11 @@ be varied on purpose; the table then names them under "varies".
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -307,77 +306,30 @@ def write_compare(out_dir: Path, configs: Mapping[str, Any], finals: Mapping[str
     return path
 
 
-def run_compare(args: argparse.Namespace, log=print) -> Path:
+def run_compare(recipe: str, variants: Sequence[str], out: str | Path, *, overrides: Sequence[str] = (),
+                baseline: str | None = None, datasets: Sequence[str] = ("humaneval",), n: int | None = 20,
+                max_new_tokens: int = 128, temperature: float = 0.0, dtype: str = "bf16", threads: int | None = None,
+                device: str | None = None, seed: int = 0, overwrite: bool = False, log=print) -> Path:
+    """Train every variant (`NAME[:field=value,...]`) of `recipe`, bench them in one run, write compare.md."""
     from .bench import BenchConfig, run_bench
 
-    out_dir = Path(args.out)
-    variants = [parse_variant(v) for v in args.variant]
-    configs = variant_configs(args.recipe, list(args.set or []), variants, out_dir)
-    baseline = args.baseline or variants[0].name
+    out_dir = Path(out)
+    parsed = [parse_variant(v) for v in variants]
+    configs = variant_configs(recipe, list(overrides or []), parsed, out_dir)
+    baseline = baseline or parsed[0].name
     if baseline not in configs:
         raise ConfigError(f"--baseline {baseline!r} is not a variant; variants: {list(configs)}")
     target = next(iter(configs.values())).target
+    bench_fields = dict(target=target, datasets=tuple(datasets), n=n, max_new_tokens=max_new_tokens,
+                        temperature=temperature, dtype=dtype, threads=threads, device=device, seed=seed)
     # Validate the bench side before any training: unknown datasets fail now, not after an hour.
-    BenchConfig(target=target, methods=("ar",), datasets=tuple(args.dataset), n=args.n,
-                max_new_tokens=args.max_new_tokens, temperature=args.temperature, dtype=args.dtype,
-                threads=args.threads, device=args.device, seed=args.seed)
+    BenchConfig(methods=("ar",), **bench_fields)
     for name, config in configs.items():
         trained_final(config)  # refuses a folder trained with another configuration, before any work
     varies = varying_fields(configs)
     if varies:
         log(f"compare: note: the variants differ in {', '.join(varies)}; the table will say so")
     finals = train_variants(configs, log=log)
-    config = BenchConfig(target=target, methods=tuple(_method_of(finals[name]) for name in configs),
-                         datasets=tuple(args.dataset), n=args.n, max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, dtype=args.dtype, threads=args.threads, device=args.device,
-                         seed=args.seed)
-    run_bench(config, out_dir / "bench", overwrite=args.overwrite)
+    config = BenchConfig(methods=tuple(_method_of(finals[name]) for name in configs), **bench_fields)
+    run_bench(config, out_dir / "bench", overwrite=overwrite)
     return write_compare(out_dir, configs, finals, baseline)
-
-
-def cmd_curves(args: argparse.Namespace) -> int:
-    runs = {}
-    for text in args.run:
-        label, sep, folder = text.partition("=")
-        label, folder = (label, folder) if sep else (Path(text).name, text)
-        if not (Path(folder) / "metrics.jsonl").exists():
-            raise ConfigError(f"{folder} holds no metrics.jsonl; pass training out_dirs (LABEL=DIR)")
-        runs[label] = folder
-    name = draw_curves(runs, Path(args.out))
-    if name is None:
-        raise ConfigError("plotting needs matplotlib: pip install matplotlib")
-    print(f"curves: {args.out}")
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    path = run_compare(args)
-    print(f"comparison: {path}")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="train recipe variants on identical data and compare their tau",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", required=True, help="the shared training recipe (JSON of TrainConfig fields)")
-    p.add_argument("--set", nargs="+", metavar="field=value", default=[],
-                   help="overrides applied to every variant (e.g. max_steps=600 threads=2)")
-    p.add_argument("--variant", action="append", required=True, metavar="NAME[:field=value,...]",
-                   help="one trained variant (repeat for each); e.g. dpace:objective=dpace")
-    p.add_argument("--baseline", default=None, help="variant the others are compared to (default: the first)")
-    p.add_argument("--dataset", nargs="+", default=["humaneval"], metavar="D", help="bench datasets (default humaneval)")
-    p.add_argument("--n", type=int, default=20, help="prompts per dataset (default 20)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads for the bench")
-    p.add_argument("--device", default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true", help="replace bench results of a different configuration")
-    p.add_argument("--out", required=True, help="folder: train/NAME, bench/, compare.md, compare.json, curves.png")
-    p.set_defaults(func=cmd_compare)
-
-    p = subparsers.add_parser("curves", help="plot training curves (loss, held-out tau, slot-1 accuracy) of runs")
-    p.add_argument("run", nargs="+", metavar="[LABEL=]DIR", help="training out_dir(s) holding metrics.jsonl")
-    p.add_argument("--out", required=True, help="PNG file to write")
-    p.set_defaults(func=cmd_curves)

@@ -13,16 +13,11 @@ dtypes measured (the break-even tau against the fastest plain decoding).
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-
-import torch
 
 from ..config import ConfigError
 from ..drafters.dspark import measure_verify_cost
-from ..target import load_target, native_bf16
-from .bench import cpu_model
+from ..target import load_target
 
 
 def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 8, 16), repeats: int = 3,
@@ -50,34 +45,3 @@ def format_table(rows: list[dict]) -> str:
     lines += [f"| {r['dtype']} | {r['tokens']} | {r['seconds'] * 1000:.0f} | {r['x_own_step']:.2f} | "
               f"{r['x_fastest_step']:.2f} |" for r in rows]
     return "\n".join(lines)
-
-
-def cmd_bench_verify(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rows = verify_cost_table(args.target, dtypes=tuple(args.dtype), tokens=tuple(args.tokens), repeats=args.repeats,
-                             context=args.context, device=args.device)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    header = {"target": args.target, "device": device, "native_bf16": native_bf16(device),
-              "cpu": cpu_model(), "threads": torch.get_num_threads(),
-              "capability": torch.backends.cpu.get_cpu_capability()}
-    if args.json:
-        print(json.dumps({**header, "rows": rows}, indent=2))
-    else:
-        print(" | ".join(f"{k} {v}" for k, v in header.items()))
-        print(format_table(rows))
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("bench-verify", help="cost of a verify pass of k tokens vs a 1-token step, per dtype",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, help="model folder or `blockdraft assets` name")
-    p.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32", "fp16"])
-    p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16], help="pass lengths k to time")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--context", type=int, default=64, help="cached tokens before each pass")
-    p.add_argument("--device", default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_bench_verify)

@@ -22,23 +22,6 @@ class Blocks:
     anchors: torch.Tensor  # (n,)
 
 
-def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Positions a >= 1 where both the anchor x_a and the next token x_{a+1} are on the loss mask."""
-    on = loss_mask.bool()
-    both = on[:-1] & on[1:]  # (S-1,)
-    both[0] = False  # an anchor needs at least one context position
-    return both.nonzero().flatten()
-
-
-def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Up to `num_anchors` distinct valid anchors, sorted, drawn uniformly with `generator`."""
-    candidates = valid_anchor_positions(loss_mask)
-    if candidates.numel() <= num_anchors:
-        return candidates
-    pick = torch.randperm(candidates.numel(), generator=generator)[:num_anchors]
-    return candidates[pick].sort().values
-
-
 def build_blocks(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, block_size: int,
                  mask_token_id: int) -> Blocks:
     """input_ids, loss_mask (S,); anchors (n,) -> the DFlash-layout blocks and their labels."""

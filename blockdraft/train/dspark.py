@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..data.anchors import sample_anchors
 from ..drafters.dspark import HeadedDrafter
 from ..losses import LossTerms, decay_weights, default_gamma
-from .blocks import Blocks, build_blocks, sample_anchors
+from .blocks import Blocks, build_blocks
 from .forward import block_hidden
 
 

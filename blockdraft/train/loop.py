@@ -25,11 +25,12 @@ from tqdm import tqdm
 from .. import acceptance
 from ..checkpoints import init_drafter, load_drafter_model
 from ..config import ConfigError, default_target_layer_ids
+from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..files import LOCK_NAME, check_out_dir, folder_lock
 from ..losses import LossKnobs, chunked_log_probs_of_labels, dpace_weights, get_loss
 from ..target import Target, load_target
-from .blocks import build_blocks, sample_anchors
+from .blocks import build_blocks
 from .checkpoint import TrainingError, check_same_data, latest_checkpoint, load_train_state, save_checkpoint
 from .config import TrainConfig
 from .dspark import head_batch

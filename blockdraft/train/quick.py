@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..losses import LossKnobs, decay
-from .blocks import build_blocks, sample_anchors
+from .blocks import build_blocks
 from .forward import block_logits
 
 

@@ -1,0 +1,55 @@
+"""`blockdraft <subcommand>`: one CLI, flags mapping 1:1 to config fields.
+
+Every parser is built here (`run.py` decoding, `train.py` making drafters, `data.py` assets and
+regeneration, `measure.py` measuring); library modules expose plain functions. A new subcommand is one
+`add_*` function in the module of its kind and one line in `build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import __version__
+from ..config import ConfigError
+from . import data, measure, run, train
+from .common import add_overwrite_flag, parse_layer_ids
+
+__all__ = ["add_overwrite_flag", "build_parser", "main", "parse_layer_ids"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blockdraft", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"blockdraft {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run.add_generate(sub)
+    train.add_init_drafter(sub)
+    train.add_train(sub)
+    run.add_demo(sub)
+    data.add_assets(sub)
+    data.add_regen(sub)
+    run.add_quickstart(sub)
+    measure.add_bench(sub)
+    measure.add_compare(sub)
+    measure.add_machine_benchmarks(sub)
+    train.add_import_dspark(sub)
+    train.add_local_heads(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..assets import AssetError
+    from ..data.prompts import PromptError
+    from ..train.checkpoint import TrainingError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, AssetError, TrainingError, PromptError) as err:
+        print(f"blockdraft {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,162 @@
+"""`generate`, `demo`, `quickstart`: running a target with or without a drafter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from ..config import ConfigError
+from .common import setup_torch, tree_budget_arg
+
+
+def _load_pair(args: argparse.Namespace, device: torch.device):
+    """Target plus the drafter named by --drafter / --draft-model (None for plain decoding)."""
+    from ..checkpoints import load_drafter
+    from ..drafters.small_ar import SmallARDrafter
+    from ..target import load_target
+
+    target = load_target(args.target, dtype=args.dtype, device=device)
+    tree = getattr(args, "tree", None)
+    sources, labels = [], []
+    if getattr(args, "lookup", False) or getattr(args, "lookup_corpus", None):
+        from ..drafters.lookup import CorpusIndex, LookupDrafter
+
+        corpus = CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer) if args.lookup_corpus else None
+        branches = args.lookup_branches or (4 if tree is not None else 1)
+        sources.append(LookupDrafter(args.num_proposals or 10, max_branches=branches, corpus=corpus))
+        labels.append("lookup")
+    if args.draft_model:
+        sources.append(SmallARDrafter(args.draft_model, target, num_proposals=args.num_proposals or 4))
+        labels.append("small-ar")
+    if args.drafter:
+        sources.append(load_drafter(args.drafter, target))
+        labels.append("dflash")
+    if len(sources) > 1 and tree is None:
+        raise ConfigError(f"several drafters ({', '.join(labels)}) are merged into one draft tree: add --tree N or "
+                          "--tree measured, or pass one of them")
+    if tree is not None:
+        from ..drafters.tree import TreeDrafter
+
+        if not sources:
+            raise ConfigError("--tree needs a drafter: --drafter, --draft-model and/or --lookup")
+        return target, TreeDrafter(sources, tree, labels=labels, target=target)
+    return target, (sources[0] if sources else None)
+
+
+def encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
+    """(1, S) prompt ids: the chat template's rendering with `chat`, else the plain text."""
+    from ..data.chat import chat_ids, has_chat_template
+
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ConfigError(f"{target.name} has no tokenizer files (tokenizer.json / tokenizer_config.json), so a text "
+                          "prompt cannot be encoded: copy the model's tokenizer files into its folder")
+    if chat and not has_chat_template(tokenizer):
+        raise ConfigError(f"--chat: the tokenizer of {target.name} has no chat template (a base model?); drop --chat "
+                          "to send the prompt as plain text")
+    if chat:
+        ids = chat_ids(tokenizer, [{"role": "user", "content": text}])
+    else:
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .. import generate
+
+    if not args.prompt:
+        raise ConfigError("the prompt is empty: pass --prompt TEXT")
+    device = setup_torch(args)
+    target, drafter = _load_pair(args, device)
+    prompt_ids = encode_prompt(target, args.prompt, args.chat)
+    result = generate(target, drafter, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_p=args.top_p, top_k=args.top_k, seed=args.seed, draft_argmax=args.draft_argmax,
+                      num_proposals=args.num_proposals)
+    text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    decode_tps = (len(result.tokens) - 1) / result.decode_s if result.decode_s > 0 else float("nan")
+    if args.json:
+        payload = {"text": text, **result.to_dict(), "decode_tokens_per_s": decode_tps}
+        print(json.dumps(payload, indent=2))
+    else:
+        print(text)
+        print(f"\n[{len(result.tokens)} tokens | tau {result.tau:.2f} over {len(result.rounds)} rounds | "
+              f"prefill {result.prefill_s * 1000:.0f} ms | decode {decode_tps:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ..demo import run_demo
+
+    setup_torch(args)
+    return run_demo(seed=args.seed, block_size=args.block_size, steps=args.steps)
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from ..quickstart import run_quickstart
+
+    report = run_quickstart(args.out, budget=args.budget, target=args.target, draft_model=args.draft_model,
+                            train_prompts=args.train_prompts, dataset=args.dataset, threads=args.threads,
+                            fetch=args.fetch)
+    print(json.dumps({"report": str(report)}))
+    return 0
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
+    parser.add_argument("--drafter", help="DFlash drafter checkpoint folder")
+    parser.add_argument("--draft-model", help="small causal LM (folder or asset name) for the small-AR baseline")
+    parser.add_argument("--num-proposals", type=int, default=None,
+                        help="tokens proposed per round (default: drafter block size - 1; small-AR: 4)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text, speculatively when a drafter is given")
+    _add_model_flags(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--draft-argmax", action="store_true", help="draft by argmax even at temperature > 0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print text, token ids, tau and per-round records as JSON")
+    p.add_argument("--tree", type=tree_budget_arg, default=None, metavar="N|measured",
+                   help="verify a draft tree of at most N nodes per round (DDTree over a DFlash drafter; merges "
+                        "several drafters into one tree); 'measured' picks N each round from timed verify passes")
+    p.add_argument("--lookup", action="store_true",
+                   help="draft by n-gram lookup over the prompt and the output (with --tree: also beside "
+                        "--drafter/--draft-model, in one tree)")
+    p.add_argument("--lookup-corpus", default=None, metavar="FILE.jsonl",
+                   help="also look n-grams up in this JSONL corpus (rows with text, conversations or token_ids)")
+    p.add_argument("--lookup-branches", type=int, default=None,
+                   help="distinct lookup continuations per round (default 1, or 4 with --tree)")
+    p.set_defaults(func=cmd_generate)
+
+
+def add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="tiny target + drafter: a lossless speculative generation and its tau")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=600, help="quick training steps for the tiny drafter")
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(func=cmd_demo)
+
+
+def add_quickstart(sub) -> None:
+    p = sub.add_parser("quickstart", help="the main job: fetch, regenerate, train, benchmark, report")
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget", type=float, default=30.0, help="minutes; smaller values for a quick look")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--train-prompts", default="sharegpt-code", help="sharegpt, sharegpt-code or a JSONL file")
+    p.add_argument("--dataset", default="humaneval", help="benchmark set: a shipped name or NAME=PATH")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-fetch", dest="fetch", action="store_false", help="use local folders, fetch nothing")
+    p.set_defaults(func=cmd_quickstart)

@@ -1,0 +1,248 @@
+"""`init-drafter`, `train`, `import-dspark` and the DeLS-Spec local-head commands: making drafters."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ConfigError
+from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT
+from ..train.local_head import LocalHeadTrainConfig
+from .common import add_overwrite_flag, deadline, parse_layer_ids, set_threads
+
+
+def cmd_init_drafter(args: argparse.Namespace) -> int:
+    from ..checkpoints import init_drafter, save_drafter
+    from ..files import check_out_dir
+    from ..target import load_target, resolve_model_path
+
+    layer_ids = parse_layer_ids(args.target_layer_ids)
+    check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
+    target = load_target(args.target, dtype="fp32")
+    drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
+                           mask_token_id=args.mask_token_id, seed=args.seed)
+    save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out,
+                 overwrite=args.overwrite)
+    cfg = drafter.config
+    print(f"wrote {args.out}: {cfg.num_hidden_layers} layer(s), block {cfg.block_size}, "
+          f"target layers {list(cfg.target_layer_ids)}, mask token {cfg.mask_token_id}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..train.config import TrainConfig
+    from ..train.loop import train
+
+    config = TrainConfig.load(args.config, args.overrides)
+    final = train(config, resume=args.resume, deadline=deadline(args.max_minutes), overwrite=args.overwrite)
+    print(f"drafter written to {final}")
+    return 0
+
+
+def cmd_import_dspark(args: argparse.Namespace) -> int:
+    from ..dspark_import import import_dspark
+    from ..files import check_out_dir
+    from ..target import load_target, resolve_model_path
+
+    if args.target:
+        check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
+    target = load_target(args.target) if args.target else None  # its stored dtype: the copies compare exactly
+    report = import_dspark(args.src, args.out, target=target, overwrite=args.overwrite)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------ DeLS-Spec local heads
+
+def cmd_train_local_head(args: argparse.Namespace) -> int:
+    from ..files import check_out_dir, overwrite_allowed
+    from ..target import resolve_model_path
+    from ..train.local_head import train_local_head
+
+    set_threads(args.threads)
+    check_out_dir(args.out_dir, "local-head", overwrite=args.overwrite,
+                  protect=[resolve_model_path(args.target), args.data])
+    fields = {f.name for f in dataclasses.fields(LocalHeadTrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    values["max_steps"] = args.steps
+    # save_local_head takes no overwrite flag; the approval reaches its atomic writer this way.
+    with overwrite_allowed(args.out_dir if args.overwrite else None):
+        train_local_head(LocalHeadTrainConfig(**values))
+    return 0
+
+
+def _stored_dtype(folder: str | Path) -> torch.dtype:
+    """The dtype the drafter's tensors were saved in (so re-saving keeps it)."""
+    from safetensors import safe_open
+
+    from ..checkpoints import WEIGHTS_NAME
+
+    with safe_open(str(Path(folder) / WEIGHTS_NAME), "pt") as handle:
+        return handle.get_tensor("fc.weight").dtype
+
+
+def _load_for_heads(args: argparse.Namespace):
+    """Target (fp32: head maths exact, drafter weights upcast losslessly) and the drafter at args.drafter."""
+    from ..checkpoints import load_drafter
+    from ..target import load_target
+
+    set_threads(args.threads)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    return target, load_drafter(args.drafter, target)
+
+
+def _save_headed(drafter, args: argparse.Namespace, extra: dict[str, Any]) -> None:
+    from ..drafters.dspark import save_headed_drafter
+
+    drafter.backbone.model.to(_stored_dtype(args.drafter))
+    save_headed_drafter(drafter, args.out, extra_files={"local_head_attach.json": extra}, overwrite=args.overwrite)
+
+
+def _check_drafter_out(args: argparse.Namespace, *inputs) -> None:
+    """Before any work: --out may replace an earlier drafter (the input drafter itself included, in
+    place), never the target or a folder of other files unless --overwrite."""
+    from ..files import check_out_dir
+    from ..target import resolve_model_path
+
+    check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target), *inputs])
+
+
+def cmd_attach_local_head(args: argparse.Namespace) -> int:
+    from safetensors.torch import load_file
+
+    from ..checkpoints import WEIGHTS_NAME, check_finite
+    from ..drafters.local_head import attach_local_head, find_fusion_head
+
+    _check_drafter_out(args, args.local_head)
+    target, drafter = _load_for_heads(args)
+    head_weights = Path(args.local_head) / WEIGHTS_NAME
+    if head_weights.is_file():
+        check_finite(load_file(str(head_weights)), head_weights)
+    headed = attach_local_head(drafter, args.local_head, alpha=args.alpha, beta=args.beta)
+    _save_headed(headed, args, {"local_head": str(args.local_head), "alpha": args.alpha, "beta": args.beta})
+    fusion = find_fusion_head(headed)
+    print(f"wrote {args.out}: {fusion.short.variant} local head (block {fusion.short.config.block_size}) on a "
+          f"block-{drafter.config.block_size} drafter, alpha {args.alpha}, beta {args.beta}", file=sys.stderr)
+    return 0
+
+
+def cmd_train_fusion_weights(args: argparse.Namespace) -> int:
+    from ..data.conversations import TokenizedDataset
+    from ..drafters.local_head import find_fusion_head
+    from ..train.local_head import fit_fusion_weights
+
+    _check_drafter_out(args, args.data)
+    target, drafter = _load_for_heads(args)
+    if target.tokenizer is None:
+        raise ConfigError(f"{target.name} has no tokenizer to tokenise {args.data}")
+    dataset = TokenizedDataset(args.data, target.tokenizer, max_length=args.max_length)
+    losses = fit_fusion_weights(drafter, dataset, steps=args.steps, lr=args.lr, num_anchors=args.num_anchors,
+                                seed=args.seed, progress=True)
+    fusion = find_fusion_head(drafter)
+    report = {"steps": len(losses), "first_loss": losses[0] if losses else None,
+              "final_loss": losses[-1] if losses else None, "alpha": fusion.alpha.detach().float().tolist(),
+              "beta": fusion.beta.detach().float().tolist(), "lr": args.lr, "num_anchors": args.num_anchors,
+              "data": str(args.data), "seed": args.seed}
+    _save_headed(drafter, args, report)
+    print(json.dumps({k: report[k] for k in ("final_loss", "alpha", "beta")}), file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------ parsers
+
+def add_init_drafter(sub) -> None:
+    p = sub.add_parser("init-drafter", help="create a fresh DFlash drafter for a target")
+    p.add_argument("--target", required=True)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--target-layer-ids", default=None,
+                   help="comma-separated; default: DFlash's spacing over layers 1..N-3")
+    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="drafter folder to write (new, empty, or an earlier drafter)")
+    add_overwrite_flag(p)
+    p.set_defaults(func=cmd_init_drafter)
+
+
+def add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a DFlash drafter from a JSON recipe (see recipes/)")
+    p.add_argument("--config", required=True, help="recipe JSON (fields of TrainConfig)")
+    p.add_argument("overrides", nargs="*", metavar="field=value", help="override recipe fields")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir's latest checkpoint")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop at the first step past this many minutes, with a checkpoint (--resume continues)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train in an out_dir that holds other files (files of the run's own names are replaced)")
+    p.set_defaults(func=cmd_train)
+
+
+def add_import_dspark(sub) -> None:
+    p = sub.add_parser("import-dspark", help="convert a released DSpark checkpoint (Markov + confidence heads)")
+    p.add_argument("src", help="DSpark checkpoint folder (config.json + model.safetensors)")
+    p.add_argument("--out", required=True, help="output drafter folder")
+    add_overwrite_flag(p)
+    p.add_argument("--target", default=None,
+                   help="target model: checks the stored embed_tokens/lm_head against it and fills num_target_layers")
+    p.set_defaults(func=cmd_import_dspark)
+
+
+def add_local_heads(sub) -> None:
+    d = LocalHeadTrainConfig()
+    p = sub.add_parser("train-local-head", help="DeLS-Spec: train a local head + unigram prior on tokenised text")
+    p.add_argument("--target", required=True, help="target folder or asset name (tokenizer; embeddings for rnn)")
+    p.add_argument("--data", required=True, help="regenerated JSONL or ShareGPT-style file")
+    p.add_argument("--out", dest="out_dir", required=True, help="local head folder to write")
+    add_overwrite_flag(p)
+    p.add_argument("--variant", default=d.variant, choices=list(LOCAL_VARIANTS))
+    p.add_argument("--block-size", type=int, default=d.block_size,
+                   help="training block; drafters proposing up to block_size - 1 tokens can use it")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    for flag, kind in (("num-anchors", int), ("gru-hidden-size", int), ("rank", int), ("gamma", float),
+                       ("max-length", int), ("batch-size", int), ("accumulation-steps", int), ("lr", float),
+                       ("warmup-ratio", float), ("grad-clip", float), ("weight-decay", float),
+                       ("smoothing", float), ("anchor-chunk", int), ("seed", int)):
+        name = flag.replace("-", "_")
+        p.add_argument(f"--{flag}", type=kind, default=getattr(d, name))
+    p.add_argument("--dtype", dest="target_dtype", default=d.target_dtype, choices=["bf16", "fp32"],
+                   help="dtype the target (its embeddings) is loaded in; the head trains in float32")
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_train_local_head)
+
+    def drafter_flags(p) -> None:
+        p.add_argument("--target", required=True)
+        p.add_argument("--drafter", required=True, help="DFlash drafter folder (may already carry heads)")
+        p.add_argument("--out", required=True, help="drafter folder to write, heads included")
+        add_overwrite_flag(p)
+        p.add_argument("--dtype", default="fp32", choices=["bf16", "fp32"], help="target dtype while working")
+        p.add_argument("--device", default=None)
+        p.add_argument("--threads", type=int, default=None)
+
+    p = sub.add_parser("attach-local-head", help="DeLS-Spec: fuse a trained local head into a DFlash drafter")
+    drafter_flags(p)
+    p.add_argument("--local-head", required=True, help="folder written by train-local-head")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"weight of the local head's logits "
+                   f"(0..{MAX_FUSION_WEIGHT:g})")
+    p.add_argument("--beta", type=float, default=DEFAULT_BETA, help=f"weight of the subtracted unigram prior "
+                   f"(0..{MAX_FUSION_WEIGHT:g})")
+    p.set_defaults(func=cmd_attach_local_head)
+
+    p = sub.add_parser("train-fusion-weights",
+                       help="DeLS-Spec: learn per-position alpha/beta (all else frozen) for a drafter with a "
+                            "local head")
+    drafter_flags(p)
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, default=10_000, help="one conversation per step (paper: 10K steps)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--num-anchors", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=3072)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train_fusion_weights)
