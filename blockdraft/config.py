@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
+#: `format` of a standalone DeLS-Spec local head folder's config.json
+LOCAL_HEAD_FORMAT = "blockdraft-local-head"
+#: `schema` of a bench results.json
+BENCH_SCHEMA = "blockdraft-bench/1"
 LAYOUTS = ("dflash", "dspark")
 
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .config import DFLASH_ARCHITECTURE, ConfigError
+from .config import BENCH_SCHEMA, DFLASH_ARCHITECTURE, LOCAL_HEAD_FORMAT, ConfigError
 
 LOCK_NAME = ".blockdraft.lock"  # the lock file a writer keeps inside the folder it owns
 
@@ -48,9 +48,6 @@ def _read_json(path: Path) -> Any:
 
 def output_kind(folder: str | Path) -> str | None:
     """What `folder` holds, as a key of `KINDS`; None for anything else (or nothing)."""
-    from .drafters.local_head import LOCAL_HEAD_FORMAT
-    from .eval.bench import SCHEMA as BENCH_SCHEMA
-
     folder = Path(folder)
     config = _read_json(folder / "config.json")
     if isinstance(config, dict):

@@ -305,10 +305,6 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    try:
-        from .assets import resolve_model
-    except ImportError:
-        resolve_model = None
-    if resolve_model is not None:
-        return Path(resolve_model(str(name_or_path)))
-    raise ConfigError(f"{name_or_path} is neither a model folder nor a known asset name")
+    from .assets import resolve_model
+
+    return Path(resolve_model(str(name_or_path)))

@@ -197,7 +197,8 @@ def test_dflash_options_switch_heads_and_prune(assets, tmp_path):
 
     import torch
 
-    from blockdraft.drafters.dspark import HeadedDrafter, save_headed_drafter
+    from blockdraft.checkpoints import save_headed_drafter
+    from blockdraft.drafters.headed import HeadedDrafter
     from blockdraft.drafters.heads import ConfidenceHead, MarkovHead
 
     target = load_target(assets / "target", dtype="fp32")

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 
 import blockdraft
 from blockdraft import losses
-from blockdraft.checkpoints import load_drafter, save_drafter
+from blockdraft.checkpoints import load_drafter, save_drafter, save_headed_drafter
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.domino import DominoHead
-from blockdraft.drafters.dspark import HeadedDrafter, save_headed_drafter
+from blockdraft.drafters.headed import HeadedDrafter
 from blockdraft.drafters.heads import SlotHead
 from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig

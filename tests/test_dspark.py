@@ -16,13 +16,14 @@ from safetensors.torch import load_file, save_file
 
 import blockdraft
 from blockdraft import cli
-from blockdraft.checkpoints import load_drafter, load_drafter_model, new_drafter_config, save_drafter
+from blockdraft.checkpoints import (import_dspark, load_drafter, load_drafter_model, new_drafter_config, save_drafter,
+                                   save_headed_drafter)
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
-from blockdraft.drafters.dspark import (HeadedDrafter, cost_aware_length, measure_verify_cost,
-                                        save_headed_drafter)
+from blockdraft.drafters.headed import HeadedDrafter
 from blockdraft.drafters.heads import ConfidenceHead, MarkovHead, SlotHead
-from blockdraft.dspark_import import import_dspark
+from blockdraft.drafters.pruning import cost_aware_length
+from blockdraft.eval.verify_cost import measure_verify_cost
 from blockdraft.train.dspark import dspark_heads, head_batch, train_heads
 from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)
@@ -501,7 +502,20 @@ class PrefixCountHead(SlotHead):
         return logits_k + (1 + state) * self.table(prev).float(), state + 1
 
 
+def test_every_slot_head_in_the_table_resolves_to_its_builder():
+    import importlib
+
+    from blockdraft.drafters.heads import SLOT_HEAD_BUILDERS, slot_head_builder
+
+    for name, where in SLOT_HEAD_BUILDERS.items():
+        module = importlib.import_module(where.split(":")[0])
+        assert callable(slot_head_builder(name))
+        assert any(isinstance(c, type) and issubclass(c, SlotHead) and c.name == name for c in vars(module).values())
+    assert slot_head_builder("no-such-head") is None
+
+
 def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkeypatch):
+    # A new slot head is one class (PrefixCountHead, above) and one registration line (here, scoped to the test).
     from blockdraft.drafters import heads as heads_module
 
     monkeypatch.setitem(heads_module.SLOT_HEADS, "prefixcount",

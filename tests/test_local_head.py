@@ -16,14 +16,14 @@ from safetensors import safe_open
 
 import blockdraft
 from blockdraft import cli
-from blockdraft.checkpoints import load_drafter, save_drafter
+from blockdraft.checkpoints import (attach_local_head, load_drafter, load_local_head, save_drafter,
+                                   save_headed_drafter, save_local_head)
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.data.conversations import TokenizedConversation
-from blockdraft.drafters.dspark import HeadedDrafter, save_headed_drafter
+from blockdraft.drafters.headed import HeadedDrafter
 from blockdraft.drafters.heads import MarkovHead
 from blockdraft.drafters.local_head import (MAX_FUSION_WEIGHT, DeLSFusionHead, LocalHead, LocalHeadConfig,
-                                            UnigramPrior, attach_local_head, count_loss_tokens, find_fusion_head,
-                                            load_local_head, save_local_head, tokenizer_fingerprint)
+                                            UnigramPrior, count_loss_tokens, find_fusion_head, tokenizer_fingerprint)
 from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.local_head import LocalHeadTrainConfig, fit_fusion_weights, fit_local_head
 from helpers import (assert_same_proposals, init_drafter, own_text, prompts,

@@ -169,7 +169,8 @@ def test_non_finite_drafter_and_head_weights_are_refused_at_load(root, tmp_path)
     with pytest.raises(ConfigError, match="NaN or infinite.*fc.weight"):
         load_drafter(tmp_path / "d", target)
     # a local head folder with an infinite weight is refused by attach-local-head
-    from blockdraft.drafters.local_head import LocalHead, LocalHeadConfig, UnigramPrior, save_local_head
+    from blockdraft.checkpoints import save_local_head
+    from blockdraft.drafters.local_head import LocalHead, LocalHeadConfig, UnigramPrior
 
     save_drafter(init_drafter(target, block_size=4).model, tmp_path / "clean")
     head = LocalHead(LocalHeadConfig(variant="markov", vocab_size=target.vocab_size, rank=8, block_size=8))

@@ -338,7 +338,7 @@ def test_heads_train_and_resume_to_the_same_weights(setup, tmp_path, backbone_ch
         assert train_rows[0]["domino_lambda"] == 1.0 and train_rows[-1]["domino_lambda"] == 0.0
     # The saved drafter loads with its heads.
     from blockdraft.checkpoints import load_drafter
-    from blockdraft.drafters.dspark import HeadedDrafter
+    from blockdraft.drafters.headed import HeadedDrafter
 
     loaded = load_drafter(whole, make_config(setup, tmp_path).target)
     assert isinstance(loaded, HeadedDrafter) and set(loaded.heads()) == names

@@ -46,7 +46,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_import_dspark(args: argparse.Namespace) -> int:
-    from ..dspark_import import import_dspark
+    from ..checkpoints import import_dspark
     from ..files import check_out_dir
     from ..target import load_target, resolve_model_path
 
@@ -98,7 +98,7 @@ def _load_for_heads(args: argparse.Namespace):
 
 
 def _save_headed(drafter, args: argparse.Namespace, extra: dict[str, Any]) -> None:
-    from ..drafters.dspark import save_headed_drafter
+    from ..checkpoints import save_headed_drafter
 
     drafter.backbone.model.to(_stored_dtype(args.drafter))
     save_headed_drafter(drafter, args.out, extra_files={"local_head_attach.json": extra}, overwrite=args.overwrite)
@@ -117,7 +117,8 @@ def cmd_attach_local_head(args: argparse.Namespace) -> int:
     from safetensors.torch import load_file
 
     from ..checkpoints import WEIGHTS_NAME, check_finite
-    from ..drafters.local_head import attach_local_head, find_fusion_head
+    from ..checkpoints import attach_local_head
+    from ..drafters.local_head import find_fusion_head
 
     _check_drafter_out(args, args.local_head)
     target, drafter = _load_for_heads(args)

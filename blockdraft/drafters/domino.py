@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .heads import SlotHead, register_slot_head
+from .heads import SlotHead
 
 DEFAULT_GRU_SIZE = 1024
 DEFAULT_RANK = 256
@@ -130,9 +130,7 @@ class DominoHead(SlotHead):
         return logits + self._residual(hidden, prefix_states).to(logits.dtype)
 
 
-def _build(spec: Mapping[str, Any]) -> DominoHead:
+def head_from_spec(spec: Mapping[str, Any]) -> DominoHead:
     return DominoHead(int(spec["vocab_size"]), int(spec["out_vocab_size"]), int(spec["embed_size"]),
                       int(spec["hidden_size"]), gru_size=int(spec["gru_size"]), rank=int(spec["rank"]))
 
-
-register_slot_head("domino", _build)

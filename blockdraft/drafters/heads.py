@@ -25,6 +25,7 @@ Module names equal the released DSpark keys once prefixed by the head's name:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Mapping
 
 import torch
@@ -200,34 +201,38 @@ class SlotHead(nn.Module):
         raise NotImplementedError
 
 
-#: name in config.json `heads` -> builder(spec) for the slot heads beyond Markov/confidence.
+#: The slot heads beyond Markov/confidence: name in config.json `heads` -> "module:builder", builder(spec)
+#: rebuilding the head from its `describe()`. Adding a slot head is one file (the head and its builder)
+#: plus one line here; the module is imported only when a checkpoint names the head.
+SLOT_HEAD_BUILDERS: dict[str, str] = {
+    "local": "blockdraft.drafters.local_head:head_from_spec",  # DeLS-Spec local-head fusion
+    "domino": "blockdraft.drafters.domino:head_from_spec",  # Domino GRU residual
+}
+#: Builders registered at run time (`register_slot_head`), e.g. by code outside the package.
 SLOT_HEADS: dict[str, Callable[[Mapping[str, Any]], SlotHead]] = {}
 
 
 def register_slot_head(name: str, builder: Callable[[Mapping[str, Any]], SlotHead]) -> None:
-    """Make `build_heads` rebuild heads saved under `name` (call at import of the head's module)."""
+    """Make `build_heads` rebuild heads saved under `name` (a head defined outside `SLOT_HEAD_BUILDERS`)."""
     if name in ("markov", "confidence"):
         raise ValueError(f"{name!r} is a built-in head name")
     SLOT_HEADS[name] = builder
 
 
-def _import_head_modules() -> None:
-    """Import the modules that register slot heads, so a saved checkpoint can name any of them."""
-    import importlib
-
-    for module in ("blockdraft.drafters.local_head", "blockdraft.drafters.domino"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
+def slot_head_builder(name: str) -> Callable[[Mapping[str, Any]], SlotHead] | None:
+    """The builder of slot head `name` (None for a name no head has)."""
+    if name in SLOT_HEADS:
+        return SLOT_HEADS[name]
+    if name not in SLOT_HEAD_BUILDERS:
+        return None
+    module, builder = SLOT_HEAD_BUILDERS[name].split(":")
+    return getattr(importlib.import_module(module), builder)
 
 
 def build_heads(description: Mapping[str, Any]) -> tuple[MarkovHead | None, ConfidenceHead | None, list[SlotHead]]:
     """Heads from the `heads` entry of `config.json` (the output of their `describe()`):
     (Markov head, confidence head, the other slot heads in their saved order)."""
-    _import_head_modules()
-    known = {"markov", "confidence", *SLOT_HEADS}
+    known = {"markov", "confidence", *SLOT_HEAD_BUILDERS, *SLOT_HEADS}
     unknown = sorted(set(description) - known)
     if unknown:
         raise ConfigError(f"config.json describes heads {unknown} that this drafter cannot attach; known heads: "
@@ -244,8 +249,8 @@ def build_heads(description: Mapping[str, Any]) -> tuple[MarkovHead | None, Conf
             spec = description["confidence"]
             confidence = ConfidenceHead(int(spec["hidden_size"]), int(spec.get("markov_rank", 0)))
         for name, spec in description.items():
-            if name in SLOT_HEADS:
-                slot_heads.append(SLOT_HEADS[name](spec))
+            if name not in ("markov", "confidence"):
+                slot_heads.append(slot_head_builder(name)(spec))
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"config.json has a malformed `heads` entry ({err!r}): {dict(description)}") from None
     return markov, confidence, slot_heads

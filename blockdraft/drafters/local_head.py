@@ -30,30 +30,26 @@ Checkpoint keys: in a drafter, under `local_head.` (`local_head.short.gru.weight
 `local_head.prior.log_probs`, and `local_head.alpha` / `local_head.beta` for per-position weights),
 described under `heads.local` in config.json. A standalone local head folder (what
 `blockdraft train-local-head` writes) has config.json (`format: blockdraft-local-head`) and
-model.safetensors with the head's keys unprefixed plus `prior.log_probs`.
+model.safetensors with the head's keys unprefixed plus `prior.log_probs` (`blockdraft.checkpoints.local_head`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..config import ConfigError
-from .heads import SlotHead, register_slot_head
+from .headed import HeadedDrafter
+from .heads import SlotHead
 
 LOCAL_VARIANTS = ("rnn", "markov")
-LOCAL_HEAD_FORMAT = "blockdraft-local-head"
 # Table 6 of seeds/004.
 DEFAULT_GRU_HIDDEN = 1024
 DEFAULT_LOCAL_RANK = 256
@@ -393,7 +389,7 @@ class DeLSFusionHead(SlotHead):
         self.beta = nn.Parameter(torch.full((positions,), beta, device=device))
 
 
-def _build_from_spec(spec: Mapping[str, Any]) -> DeLSFusionHead:
+def head_from_spec(spec: Mapping[str, Any]) -> DeLSFusionHead:
     """The `heads.local` entry of config.json -> an unweighted head (the tensors are loaded after)."""
     short = LocalHead(LocalHeadConfig.from_dict(spec["local_head"]))
     prior_spec = spec.get("prior") or {}
@@ -407,82 +403,16 @@ def _build_from_spec(spec: Mapping[str, Any]) -> DeLSFusionHead:
     return DeLSFusionHead(short, prior, alpha=spec.get("alpha", DEFAULT_ALPHA), beta=spec.get("beta", DEFAULT_BETA))
 
 
-register_slot_head("local", _build_from_spec)
 
-
-# ------------------------------------------------------------------ standalone local head folders
-
-
-def save_local_head(out_dir: str | Path, head: LocalHead, prior: UnigramPrior, *,
-                    extra: Mapping[str, Any] | None = None) -> None:
-    """config.json + model.safetensors (head keys unprefixed, `prior.log_probs`), written atomically."""
-    from ..checkpoints import CONFIG_NAME, WEIGHTS_NAME
-    from ..files import atomic_write_folder
-
-    if prior.vocab_size != head.config.vocab_size:
-        raise ConfigError(f"the prior covers {prior.vocab_size} tokens, the local head {head.config.vocab_size}")
-    state = {key: tensor.detach().float().contiguous().cpu() for key, tensor in head.state_dict().items()}
-    state["prior.log_probs"] = prior.log_probs.detach().float().contiguous().cpu()
-    config = {"format": LOCAL_HEAD_FORMAT, "format_version": 1, **head.config.to_dict(), "prior": prior.describe(),
-              **(extra or {})}
-
-    def write(folder: Path) -> None:
-        (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-
-    atomic_write_folder(Path(out_dir), write)
-
-
-def load_local_head(path: str | Path) -> tuple[LocalHead, UnigramPrior]:
-    """A folder written by `save_local_head` -> (local head, prior), float32 on the CPU."""
-    from ..checkpoints import CONFIG_NAME, WEIGHTS_NAME
-    from .dspark import load_strict
-
-    folder = Path(path)
-    if not (folder / CONFIG_NAME).is_file():
-        raise ConfigError(f"{folder} is not a local head folder (no config.json); write one with "
-                          f"`blockdraft train-local-head`")
-    raw = json.loads((folder / CONFIG_NAME).read_text())
-    if raw.get("format") != LOCAL_HEAD_FORMAT:
-        raise ConfigError(f"{folder / CONFIG_NAME} is not a local head config (format {raw.get('format')!r}, "
-                          f"expected {LOCAL_HEAD_FORMAT!r})")
-    head = LocalHead(LocalHeadConfig.from_dict(raw))
-    prior_spec = raw.get("prior") or {}
-    prior = UnigramPrior(head.config.vocab_size, smoothing=float(prior_spec.get("smoothing", DEFAULT_SMOOTHING)),
-                         num_tokens=int(prior_spec.get("num_tokens", 0)))
-    try:
-        state = load_file(str(folder / WEIGHTS_NAME))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ConfigError(f"{folder / WEIGHTS_NAME} is missing or unreadable ({err})") from None
-    head_state = {k: v for k, v in state.items() if not k.startswith("prior.")}
-    missing, unexpected = load_strict(head, head_state)
-    m, u = load_strict(prior, {k[len("prior."):]: v for k, v in state.items() if k.startswith("prior.")}, "prior.")
-    if missing + m or unexpected + u:
-        raise ConfigError(f"{folder / WEIGHTS_NAME} does not match its config.json: missing {missing + m}, "
-                          f"unexpected {unexpected + u}")
-    return head.eval(), prior.eval()
-
-
-def fusion_head(local_head: str | Path | tuple[LocalHead, UnigramPrior], *, alpha: float = DEFAULT_ALPHA,
-                beta: float = DEFAULT_BETA) -> DeLSFusionHead:
-    """A fixed-α/β fusion head from a local head folder or a (local head, prior) pair."""
-    short, prior = load_local_head(local_head) if isinstance(local_head, (str, Path)) else local_head
-    return DeLSFusionHead(short, prior, alpha=alpha, beta=beta)
-
-
-def attach_local_head(drafter, local_head: str | Path | tuple[LocalHead, UnigramPrior] | DeLSFusionHead, *,
-                      alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA, **options):
+def attach_fusion_head(drafter, head: DeLSFusionHead, **options):
     """DeLS-Spec on a trained drafter: a `HeadedDrafter` whose slot heads end with the fusion head `local`.
 
     `drafter` is a `DFlashDrafter` or a `HeadedDrafter` (its Markov/confidence heads, pruning settings
-    and other slot heads are kept; an existing `local` head is replaced). `local_head` is a folder
-    from `blockdraft train-local-head`, a (LocalHead, UnigramPrior) pair, or a ready fusion head
-    (then alpha/beta are ignored). Extra keyword arguments go to `HeadedDrafter`. Compatibility
-    (vocabulary, tokenizer, block size, α/β) is checked here, with a ConfigError that names the fix.
+    and other slot heads are kept; an existing `local` head is replaced). Extra keyword arguments go
+    to `HeadedDrafter` (`blockdraft.checkpoints.attach_local_head` takes a local head folder).
+    Compatibility (vocabulary, tokenizer, block size, α/β) is checked here, with a ConfigError that
+    names the fix.
     """
-    from .dspark import HeadedDrafter
-
-    head = local_head if isinstance(local_head, DeLSFusionHead) else fusion_head(local_head, alpha=alpha, beta=beta)
     target = drafter.target
     head.to(device=target.device, dtype=target.dtype).eval()
     if isinstance(drafter, HeadedDrafter):

@@ -41,7 +41,7 @@ _MEASURED: "weakref.WeakKeyDictionary[Target, dict[int, dict[int, float]]]" = we
 
 def measured_verify_cost(target: Target, max_nodes: int = MEASURED_MAX_NODES) -> dict[int, float]:
     """Seconds of a verify pass over n + 1 tokens for a few n up to `max_nodes`, timed once per target."""
-    from .dspark import measure_verify_cost
+    from ..eval.verify_cost import measure_verify_cost
 
     curves = _MEASURED.setdefault(target, {})
     if max_nodes not in curves:

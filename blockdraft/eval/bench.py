@@ -49,14 +49,14 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import ConfigError, SamplingConfig
+from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig
 from ..data.chat import chat_ids, has_chat_template
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import load_target
 from .methods import build_runners, parse_method
 
-SCHEMA = "blockdraft-bench/1"
+SCHEMA = BENCH_SCHEMA
 DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
 RESULTS = "results.json"
 WARMUP_TOKENS = 16

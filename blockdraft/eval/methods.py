@@ -161,7 +161,8 @@ def hybrid_sources(arg: str) -> tuple[list[tuple[str, str | None]], dict[str, st
 
 def _with_options(drafter, options: dict[str, str], target: Target, path: str):
     """The loaded drafter re-composed with the options' head switches and pruning."""
-    from ..drafters.dspark import HeadedDrafter, measure_verify_cost
+    from ..drafters.headed import HeadedDrafter
+    from .verify_cost import measure_verify_cost
 
     if not options:
         return drafter

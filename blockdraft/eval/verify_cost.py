@@ -14,10 +14,37 @@ dtypes measured (the break-even tau against the fastest plain decoding).
 from __future__ import annotations
 
 import gc
+import statistics
+from typing import Sequence
+
+import torch
 
 from ..config import ConfigError
-from ..drafters.dspark import measure_verify_cost
-from ..target import load_target
+from ..target import Target, load_target
+from ..timing import timed
+
+
+@torch.inference_mode()
+def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, context: int = 64,
+                        seed: int = 0) -> dict[int, float]:
+    """Median seconds of a target forward over k+1 new tokens after `context` cached ones, for each k.
+
+    This is the verify pass of a round with k proposals, timed on the running machine.
+    """
+    if repeats < 1 or not ks or min(ks) < 0:
+        raise ConfigError(f"measure_verify_cost needs repeats >= 1 and ks >= 0, got repeats {repeats}, ks {list(ks)}")
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (1, context + max(ks) + 1), generator=generator).to(target.device)
+    cache = target.new_cache()
+    target.forward(ids[:, :context], 0, cache, logits_to_keep=1)
+    timings: dict[int, list[float]] = {k: [] for k in ks}
+    for repeat in range(repeats + 1):  # the first pass warms up and is not counted
+        for k in ks:
+            seconds = timed(lambda: target.forward(ids[:, context:context + k + 1], context, cache), target.device)
+            if repeat:
+                timings[k].append(seconds)
+            Target.crop(cache, context)
+    return {k: statistics.median(values) for k, values in timings.items()}
 
 
 def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 8, 16), repeats: int = 3,

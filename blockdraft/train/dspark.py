@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.anchors import sample_anchors
-from ..drafters.dspark import HeadedDrafter
+from ..drafters.headed import HeadedDrafter
 from ..losses import LossTerms, decay_weights, default_gamma
 from .blocks import Blocks, build_blocks
 from .forward import block_hidden

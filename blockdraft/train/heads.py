@@ -124,7 +124,8 @@ def new_heads(spec: Mapping[str, Mapping[str, Any]], backbone):
 def training_heads(config, backbone, resume_from: Path | None):
     """The `HeadedDrafter` the trainer optimises: float32 heads, fresh (seeded) or from the checkpoint
     being resumed; None without heads."""
-    from ..drafters.dspark import HeadedDrafter, attach_saved_heads
+    from ..checkpoints import attach_saved_heads
+    from ..drafters.headed import HeadedDrafter
 
     if not config.heads:
         return None

@@ -17,7 +17,6 @@ CLI (blockdraft/cli/train.py): `train-local-head`, `attach-local-head`, `train-f
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -31,10 +30,10 @@ from tqdm import tqdm
 from ..config import ConfigError
 from ..data.anchors import sample_anchors
 from ..data.conversations import shuffled_indices
-from ..drafters.local_head import (DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GRU_HIDDEN, DEFAULT_LOCAL_BLOCK,
-                                   DEFAULT_LOCAL_RANK, DEFAULT_SMOOTHING, LOCAL_VARIANTS, MAX_FUSION_WEIGHT,
-                                   LocalHead, LocalHeadConfig, UnigramPrior, attach_local_head, count_loss_tokens,
-                                   find_fusion_head, save_local_head, tokenizer_fingerprint)
+from ..checkpoints.local_head import save_local_head
+from ..drafters.local_head import (DEFAULT_GRU_HIDDEN, DEFAULT_LOCAL_BLOCK, DEFAULT_LOCAL_RANK, DEFAULT_SMOOTHING,
+                                   LOCAL_VARIANTS, MAX_FUSION_WEIGHT, LocalHead, LocalHeadConfig, UnigramPrior,
+                                   count_loss_tokens, find_fusion_head, tokenizer_fingerprint)
 from ..losses import LossKnobs, decay, decay_weights, uniform
 from .blocks import build_blocks
 

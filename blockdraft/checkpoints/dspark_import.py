@@ -23,13 +23,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from .checkpoints import CONFIG_NAME, WEIGHTS_NAME, head_prefix, save_drafter
-from .config import ConfigError, DFlashConfig
-from .drafters.dflash import DFlashDraftModel, check_compatible
-from .drafters.dspark import load_strict
-from .drafters.heads import VARIANT_ALIASES, build_heads
-from .files import check_out_dir
-from .target import Target, load_target
+from ..config import ConfigError, DFlashConfig
+from ..drafters.dflash import DFlashDraftModel, check_compatible
+from ..drafters.heads import VARIANT_ALIASES, build_heads
+from ..files import check_out_dir
+from ..target import Target, load_target
+from .dflash import CONFIG_NAME, WEIGHTS_NAME, head_prefix, load_strict, save_drafter
 
 #: DSpark fields that become the DFlash `dflash_config`, the layout flag or the `heads` entry
 DSPARK_FIELDS = ("mask_token_id", "target_layer_ids", "markov_rank", "markov_head_type", "enable_confidence_head",

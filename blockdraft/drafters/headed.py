@@ -1,43 +1,37 @@
-"""DSpark = a DFlash backbone + a Markov head + a confidence head, composed (seeds/001 §4-§7).
+"""`HeadedDrafter`: a DFlash backbone composed with heads and a pruning rule.
+
+DSpark (DeepSeek's DSpark drafter) is this composite with a Markov head and a confidence head;
+DeLS-Spec's fusion head and Domino are slot heads passed in the same way.
 
 One round of `HeadedDrafter.propose`:
   1. one backbone pass gives the block's hidden states h_k and base logits U_k (parallel);
-  2. a cheap left-to-right loop picks x_k from U_k + bias(x_{k-1}) (x_0 = the anchor), by argmax
-     or by sampling; when sampling, the full distribution q_k of every slot goes to the verifier,
-     which keeps decoding lossless (q_k depends on the drafted prefix, as a small AR draft's does);
-  3. optional confidence pruning with c_k = σ(proj([h_k ; W1[x_{k-1}]])), or, without a confidence
-     head, c_k = max_v q_k(v), the peak of the slot's own draft distribution:
-       - threshold: cut the block before the first slot with c_k < threshold (at least 1 proposal);
-       - cost-aware: grow the block while expected committed tokens per unit of round time,
-             (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k)),
-         still rises, with t_verify(k) the time of a target pass over k+1 tokens (`measure_verify_cost`).
-Both rules decide on slot k from c_1..c_k, which depend only on the tokens drafted before slot k:
-whether x_k is proposed never depends on x_k itself, so sampled verification stays lossless (a
-rule looking at later slots' c would propose x_k more often for some values of x_k than others).
-Pruning only shortens the proposal; what is emitted is still decided by the lossless verifier.
-The decoding loop sees the same `Drafter` protocol as for any other drafter.
+  2. a cheap left-to-right loop picks x_k from U_k + bias(x_{k-1}) (x_0 = the anchor), then each
+     slot head's rescoring, by argmax or by sampling; when sampling, the full distribution q_k of
+     every slot goes to the verifier, which keeps decoding lossless (q_k depends on the drafted
+     prefix, as a small AR draft's does);
+  3. optional confidence pruning (`pruning.py`) with c_k = σ(proj([h_k ; W1[x_{k-1}]])), or, without
+     a confidence head, c_k = max_v q_k(v), the peak of the slot's own draft distribution.
+Pruning decides on slot k from c_1..c_k only, so whether x_k is proposed never depends on x_k
+itself and sampled verification stays lossless; it only shortens the proposal, and what is emitted
+is still decided by the lossless verifier. The decoding loop sees the same `Drafter` protocol as
+for any other drafter. Heads are saved and loaded by `blockdraft.checkpoints.headed`.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
-from safetensors import safe_open
 
-from .. import acceptance
 from ..config import ConfigError, SamplingConfig
 from ..decode.sampling import choose
 from ..target import Target
+from ..timing import elapsed
 from .base import Proposal
 from .dflash import DFlashDrafter
-from .heads import ConfidenceHead, MarkovHead, SlotHead, build_heads
-
-VerifyCost = Sequence[float] | Mapping[int, float] | Callable[[int], float]
+from .heads import ConfidenceHead, MarkovHead, SlotHead
+from .pruning import VerifyCost, cost_aware_length, cost_function
 
 
 class HeadedDrafter:
@@ -87,7 +81,7 @@ class HeadedDrafter:
         self.confidence = confidence
         self.confidence_threshold = float(confidence_threshold)
         self.use_markov = use_markov
-        self.verify_cost = _cost_function(verify_cost, backbone.max_proposals) if verify_cost is not None else None
+        self.verify_cost = cost_function(verify_cost, backbone.max_proposals) if verify_cost is not None else None
         self.draft_cost = draft_cost
         self.target_layer_ids = backbone.target_layer_ids
         self.max_proposals = backbone.max_proposals
@@ -174,125 +168,4 @@ class HeadedDrafter:
     def _draft_seconds(self, started: float, device: torch.device) -> float:
         if self.draft_cost is not None:
             return self.draft_cost
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
-
-
-def cost_aware_length(confidence: torch.Tensor, verify_cost: Callable[[int], float], draft_cost: float) -> int:
-    """The block length k in 1..K up to which the rate (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k))
-    keeps rising; confidence (K,).
-
-    The numerator is the expected committed tokens of a round verifying k proposals when c_k is the
-    chance slot k survives given the slots before it (seeds/001 §5; acceptance.prefix_products):
-    E[accepted] = Σ_{i≤k} Π_{j≤i} c_j, plus the correction/bonus token. The block stops growing at
-    the first slot that does not raise the rate (ties go to the shorter block), so slot k is kept on
-    c_1..c_k alone; for falling confidences and a convex cost curve that is the rate's maximum.
-    """
-    expected = 1.0 + torch.cumsum(acceptance.prefix_products(confidence.double()), dim=0)  # (K,)
-    costs = torch.tensor([draft_cost + verify_cost(k) for k in range(1, confidence.shape[0] + 1)], dtype=torch.float64)
-    if not bool((costs > 0).all()):
-        raise ConfigError(f"round costs must be positive, got t_draft + t_verify(k) = {costs.tolist()}")
-    rates = expected / costs
-    falls = (rates[1:] <= rates[:-1]).nonzero()
-    return int(falls[0]) + 1 if falls.numel() else confidence.shape[0]
-
-
-def _cost_function(curve: VerifyCost, max_proposals: int) -> Callable[[int], float]:
-    """t_verify(k) from a list indexed by k, a {k: seconds} map (linearly interpolated) or a callable."""
-    if callable(curve):
-        return curve
-    if isinstance(curve, Mapping):
-        if not curve:
-            raise ConfigError("verify_cost is an empty mapping: measure it with measure_verify_cost(target, ks)")
-        ks = sorted(int(k) for k in curve)
-        values = [float(curve[k]) for k in ks]
-        return lambda k: float(np.interp(k, ks, values))
-    values = [float(v) for v in curve]
-    if len(values) < max_proposals + 1:
-        raise ConfigError(f"verify_cost lists {len(values)} costs but a round may verify up to {max_proposals} "
-                          f"proposals: give t_verify(k) for k = 0..{max_proposals}")
-    return lambda k: values[k]
-
-
-@torch.inference_mode()
-def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, context: int = 64,
-                        seed: int = 0) -> dict[int, float]:
-    """Median seconds of a target forward over k+1 new tokens after `context` cached ones, for each k.
-
-    This is the verify pass of a round with k proposals, timed on the running machine.
-    """
-    if repeats < 1 or not ks or min(ks) < 0:
-        raise ConfigError(f"measure_verify_cost needs repeats >= 1 and ks >= 0, got repeats {repeats}, ks {list(ks)}")
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, target.vocab_size, (1, context + max(ks) + 1), generator=generator).to(target.device)
-    cache = target.new_cache()
-    target.forward(ids[:, :context], 0, cache, logits_to_keep=1)
-    timings: dict[int, list[float]] = {k: [] for k in ks}
-    for repeat in range(repeats + 1):  # the first pass warms up and is not counted
-        for k in ks:
-            _sync(target.device)
-            started = time.perf_counter()
-            target.forward(ids[:, context:context + k + 1], context, cache)
-            _sync(target.device)
-            if repeat:
-                timings[k].append(time.perf_counter() - started)
-            Target.crop(cache, context)
-    return {k: statistics.median(values) for k, values in timings.items()}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# ------------------------------------------------------------------ checkpoints
-
-
-def save_headed_drafter(drafter: HeadedDrafter, out_dir: str | Path, **kwargs) -> None:
-    """Backbone in the released format plus the heads under `markov_head.*` / `confidence_head.*`."""
-    from ..checkpoints import save_drafter
-
-    save_drafter(drafter.backbone.model, out_dir, heads=drafter.heads(), **kwargs)
-
-
-def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torch.dtype | None = None,
-                       **options) -> HeadedDrafter:
-    """Compose the heads described in the checkpoint's config.json onto a loaded backbone (heads in
-    `dtype`, default the target's; a trainer resuming keeps its float32 master weights)."""
-    from ..checkpoints import WEIGHTS_NAME, head_prefix
-
-    markov, confidence, slot_heads = build_heads(backbone.config.extra.get("heads") or {})
-    weights = Path(path) / WEIGHTS_NAME
-    missing, unexpected = [], []
-    with safe_open(str(weights), "pt") as handle:
-        keys = list(handle.keys())
-        for name, head in (("markov", markov), ("confidence", confidence), *((h.name, h) for h in slot_heads)):
-            if head is not None:
-                prefix = head_prefix(name)
-                state = {key[len(prefix):]: handle.get_tensor(key) for key in keys if key.startswith(prefix)}
-                m, u = load_strict(head, state, prefix)
-                missing, unexpected = missing + m, unexpected + u
-    if missing or unexpected:
-        raise ConfigError(f"{weights}: the heads described in config.json do not match its tensors: "
-                          f"missing {missing}, unexpected {unexpected}")
-    target = backbone.target
-    for head in (markov, confidence, *slot_heads):
-        if head is not None:
-            head.to(device=target.device, dtype=dtype or target.dtype).eval()
-    return HeadedDrafter(backbone, markov, confidence, slot_heads=slot_heads, **options)
-
-
-def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], prefix: str = ""
-                ) -> tuple[list[str], list[str]]:
-    """Load the matching tensors of `state` into `module`; returns the (missing, unexpected) key names
-    (with `prefix`); a shape mismatch raises. `rotary_emb.*` buffers are derived, never loaded."""
-    expected = {k: v for k, v in module.state_dict().items() if not k.startswith("rotary_emb.")}
-    missing = sorted(prefix + k for k in expected.keys() - state.keys())
-    unexpected = sorted(prefix + k for k in state.keys() - expected.keys())
-    for key in expected.keys() & state.keys():
-        if state[key].shape != expected[key].shape:
-            raise ConfigError(f"{prefix}{key} has shape {tuple(state[key].shape)}, the config implies "
-                              f"{tuple(expected[key].shape)}")
-    module.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
-    return missing, unexpected
+        return elapsed(started, device)

@@ -1,4 +1,4 @@
-"""Drafter checkpoints in the released DFlash format: `config.json` + `model.safetensors`.
+"""The released DFlash drafter format: `config.json` + `model.safetensors`, and fresh drafters in it.
 
 Our module names equal the released key names (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`,
 `hidden_norm.weight`, `norm.weight`, no prefix), so the DFlash key map is the identity. Imports of
@@ -18,11 +18,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import ConfigError, DFlashConfig, default_target_layer_ids
-from .drafters.base import Drafter
-from .drafters.dflash import DFlashDraftModel, DFlashDrafter
-from .files import atomic_write_folder
-from .target import Target, load_target
+from ..config import ConfigError, DFlashConfig, default_target_layer_ids
+from ..drafters.dflash import DFlashDraftModel, DFlashDrafter
+from ..files import atomic_write_folder
+from ..target import Target
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -123,21 +122,6 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_drafter(path: str | Path, target: Target | str) -> Drafter:
-    """Load a DFlash drafter checkpoint for `target` (same device and dtype as the target).
-
-    When config.json describes heads (DSpark Markov/confidence), they are composed onto the backbone.
-    """
-    target = load_target(target)
-    model = load_drafter_model(path, dtype=target.dtype, device=target.device)
-    drafter = DFlashDrafter(model, target)
-    if model.config.extra.get("heads"):
-        from .drafters.dspark import attach_saved_heads
-
-        return attach_saved_heads(drafter, path)
-    return drafter
-
-
 def default_mask_token_id(target: Target) -> int:
     """A reserved/unused token id: the first embedding row beyond the tokenizer, else its last id."""
     tokenizer = target.tokenizer
@@ -228,3 +212,18 @@ def init_drafter(target: Target, *, seed: int = 0, draft_vocab: torch.Tensor | N
     if from_target_layers:
         copy_target_layers(model, target)
     return DFlashDrafter(model.to(device=target.device, dtype=target.dtype).eval(), target)
+
+
+def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], prefix: str = ""
+                ) -> tuple[list[str], list[str]]:
+    """Load the matching tensors of `state` into `module`; returns the (missing, unexpected) key names
+    (with `prefix`); a shape mismatch raises. `rotary_emb.*` buffers are derived, never loaded."""
+    expected = {k: v for k, v in module.state_dict().items() if not k.startswith("rotary_emb.")}
+    missing = sorted(prefix + k for k in expected.keys() - state.keys())
+    unexpected = sorted(prefix + k for k in state.keys() - expected.keys())
+    for key in expected.keys() & state.keys():
+        if state[key].shape != expected[key].shape:
+            raise ConfigError(f"{prefix}{key} has shape {tuple(state[key].shape)}, the config implies "
+                              f"{tuple(expected[key].shape)}")
+    module.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    return missing, unexpected
