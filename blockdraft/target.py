@@ -49,17 +49,22 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device | None = No
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return batched_dtype(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return batched_dtype(device or default_device())
     try:
         return DTYPES[dtype]
     except KeyError:
         raise ConfigError(f"unknown dtype {dtype!r}; use one of bf16, fp32, fp16, auto") from None
 
 
+def default_device() -> torch.device:
+    """The one device default: CUDA when present, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def pick_device(name: str | None, *, field: str = "--device") -> torch.device:
     """The device to run on: `name`, else CUDA when present, else the CPU; refuses one this torch lacks."""
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return default_device()
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):

@@ -17,6 +17,7 @@ import torch
 from ..config import ConfigError, SamplingConfig
 from ..drafters.base import Drafter, NoDrafter, Proposal
 from ..target import Target
+from ..timing import synchronize
 from .sampling import choose
 from .tree import depths as tree_depths, verify_tree
 from .verify import verify
@@ -54,11 +55,6 @@ class GenerationResult:
         return {"tokens": self.tokens, "prompt_length": self.prompt_length, "prefill_s": self.prefill_s,
                 "decode_s": self.decode_s, "stop_reason": self.stop_reason, "tau": self.tau,
                 "rounds": [asdict(r) for r in self.rounds]}
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _token_probs(proposal: Proposal) -> list[float] | None:
@@ -112,7 +108,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
     ids = torch.empty((1, prompt_len + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
     ids[:, :prompt_len] = prompt_ids
 
-    _synchronize(device)
+    synchronize(device)
     t_prefill = time.perf_counter()
     cache = target.new_cache()
     out = target.forward(prompt_ids, 0, cache, layer_ids, logits_to_keep=1)
@@ -121,7 +117,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
     ids[0, prompt_len] = first
     length = prompt_len + 1
     generated = [int(first)]
-    _synchronize(device)
+    synchronize(device)
     result = GenerationResult(tokens=generated, prompt_length=prompt_len,
                               prefill_s=time.perf_counter() - t_prefill)
     if generated[0] in stops:
@@ -139,18 +135,18 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
         if deepest > budget:
             raise ConfigError(f"the drafter proposed tokens {deepest} positions deep; this round allows at most "
                               f"{budget} (drafters must respect num_proposals)")
-        _synchronize(device)
+        synchronize(device)
         t_verify = time.perf_counter()
         verify_ids = torch.cat([ids[:, length - 1:length], draft_tokens[None]], dim=1)  # (1, n + 1)
         if parents is None:  # a chain: min(1, p/q) acceptance, crop on rejection
             out = target.forward(verify_ids, length - 1, cache, layer_ids)
-            _synchronize(device)
+            synchronize(device)
             t_verified = time.perf_counter()
             accepted, next_token = verify(out.logits[0], draft_tokens, proposal.q_draft, sampling, generator)
             path = list(range(accepted))
         else:  # a tree: walk the target's own choices through it, then keep only the accepted path
             out = target.forward_tree(verify_ids, length - 1, cache, parents, layer_ids)
-            _synchronize(device)
+            synchronize(device)
             t_verified = time.perf_counter()
             path, next_token = verify_tree(out.logits[0], draft_tokens, parents, sampling, generator)
             accepted = len(path)
@@ -176,7 +172,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
                 rows = torch.tensor([0] + [node + 1 for node in path], device=device)
                 features = out.features[:, rows[:count]]
             drafter.commit(length, features)
-        _synchronize(device)
+        synchronize(device)
         result.rounds.append(RoundRecord(
             proposed=int(draft_tokens.shape[0]), accepted=accepted, emitted=count, draft_s=t_verify - t_round,
             verify_s=t_verified - t_verify, round_s=time.perf_counter() - t_round,

@@ -53,7 +53,7 @@ from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig
 from ..data.chat import chat_ids, has_chat_template
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
-from ..target import load_target
+from ..target import default_device, load_target
 from .methods import build_runners, parse_method
 
 SCHEMA = BENCH_SCHEMA
@@ -365,7 +365,7 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     if pending:
         if config.threads:
             torch.set_num_threads(config.threads)
-        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = config.device or default_device()
         target = load_target(config.target, dtype=config.dtype, device=device)
         if target.tokenizer is None:
             raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")

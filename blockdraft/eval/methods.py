@@ -58,6 +58,7 @@ from ..drafters.lookup import CorpusIndex, LookupDrafter
 from ..drafters.small_ar import SmallARDrafter
 from ..drafters.tree import TreeDrafter
 from ..target import Target, load_target
+from ..timing import elapsed, synchronize, timed
 
 KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid", "hf-assisted", "hf-prompt-lookup")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -268,16 +269,9 @@ class LoopRunner:
 
 def _timed_prompt_pass(model, input_ids: torch.Tensor) -> float:
     """One cached forward over the prompt, as a prefill would run it; returns seconds."""
-    device = input_ids.device
     with torch.inference_mode():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        model(input_ids=input_ids, past_key_values=DynamicCache(config=model.config), use_cache=True,
-              logits_to_keep=1)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
+        return timed(lambda: model(input_ids=input_ids, past_key_values=DynamicCache(config=model.config),
+                                   use_cache=True, logits_to_keep=1), input_ids.device)
 
 
 @dataclass
@@ -319,16 +313,12 @@ class HFRunner:
         hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
         torch.manual_seed(seed)
         try:
-            device = input_ids.device
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(input_ids.device)
             started = time.perf_counter()
             with torch.inference_mode():
                 output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                                         **self._generate_kwargs(max_new_tokens))
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            generate_s = time.perf_counter() - started
+            generate_s = elapsed(started, input_ids.device)
         finally:
             hook.remove()
         tokens = output[0, input_ids.shape[1]:].tolist()

@@ -21,6 +21,7 @@ from ..config import default_target_layer_ids
 from ..data.anchors import sample_anchors
 from ..losses import get_loss
 from ..target import load_target, pick_device
+from ..timing import timed
 from ..train.blocks import build_blocks
 from ..train.forward import block_logits
 from ..train.vocab import draft_vocabulary
@@ -77,24 +78,15 @@ def bench_train(target: str, *, data: str | None = None, objectives: Sequence[st
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def timed(fn) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - started
-
     cached = features()
     for name in objectives:  # warm-up
         drafter_step(name, cached)
     times: dict[str, list[float]] = {name: [] for name in objectives}
     feature_times = []
     for _ in range(repeats):
-        feature_times.append(timed(features))
+        feature_times.append(timed(features, device))
         for name in objectives:  # interleaved so machine noise hits every objective alike
-            times[name].append(timed(lambda: drafter_step(name, cached)))
+            times[name].append(timed(lambda: drafter_step(name, cached), device))
     medians = {name: statistics.median(values) for name, values in times.items()}
     base = objectives[0]
     slots = int(mask.sum())

@@ -36,6 +36,7 @@ from ..drafters.local_head import (DEFAULT_GRU_HIDDEN, DEFAULT_LOCAL_BLOCK, DEFA
                                    count_loss_tokens, find_fusion_head, tokenizer_fingerprint)
 from ..losses import LossKnobs, decay, decay_weights, uniform
 from .blocks import build_blocks
+from .schedule import cosine_with_warmup
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,6 @@ class LocalHeadTrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def schedule(step: int, total: int, warmup_ratio: float) -> float:
-    """Learning-rate multiplier: linear warmup, then cosine decay to 0 (SPEC §5 recipe)."""
-    warmup = int(round(warmup_ratio * total))
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
 # ------------------------------------------------------------------ local head
@@ -166,7 +159,7 @@ def fit_local_head(head: LocalHead, conversations: Sequence, config: LocalHeadTr
     bar = tqdm(range(total), desc=f"local head ({head.variant})", unit="step", disable=not progress)
     for step in bar:
         for group in optimizer.param_groups:
-            group["lr"] = config.lr * schedule(step, total, config.warmup_ratio)
+            group["lr"] = config.lr * cosine_with_warmup(step, total, config.warmup_ratio)
         optimizer.zero_grad(set_to_none=True)
         # One optimizer step: accumulation_steps micro-batches of batch_size conversations, normalised
         # exactly over the whole step (Σ w·CE / Σ w·m).

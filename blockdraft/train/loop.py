@@ -11,7 +11,6 @@ position in the global batch), so `resume` continues to the same weights as an u
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from .config import TrainConfig
 from .dspark import head_batch
 from .forward import block_logits
 from .heads import head_terms, step_lambda, training_heads
+from .schedule import cosine_with_warmup
 from .vocab import coverage, draft_vocabulary
 
 NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl", "dspark_heads"}
@@ -63,15 +63,6 @@ class Distributed:
         if self.world_size > 1:
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
         return value
-
-
-def cosine_with_warmup(step: int, total: int, warmup_ratio: float) -> float:
-    """Learning-rate multiplier: linear warmup, then cosine decay to 0."""
-    warmup = int(round(warmup_ratio * total))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def sequence_indices(step: int, config: TrainConfig, world_size: int, dataset_size: int) -> list[int]:
