@@ -359,7 +359,10 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     records = list(existing["records"]) if existing else []
     _check_unchanged(records, prompt_sets)
     done = {(r["dataset"], r["prompt_id"]) for r in records}
-    every = [(name, p) for name, prompts in prompt_sets.items() for p in prompts]
+    # Datasets take turns (the k-th prompt of each before any (k+1)-th), so a run stopped by its deadline
+    # has measured every dataset about equally.
+    longest = max((len(prompts) for prompts in prompt_sets.values()), default=0)
+    every = [(name, prompts[k]) for k in range(longest) for name, prompts in prompt_sets.items() if k < len(prompts)]
     # the position among all prompts sets the method order, so a resumed run measures as an uninterrupted one
     pending = [(position, name, p) for position, (name, p) in enumerate(every) if (name, p.id) not in done]
     if pending:
