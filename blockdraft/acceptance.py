@@ -1,6 +1,6 @@
 """Acceptance maths shared by the losses, the decoding loop and the metrics.
 
-Notation (SPEC §1): a block has ``K = B - 1`` proposal slots ``j = 1..K``, stored at
+Notation (DFlash; the D-PACE paper): a block has ``K = B - 1`` proposal slots ``j = 1..K``, stored at
 index ``j - 1`` of the last dimension. ``q_j`` is the drafter's probability of the
 label ``z*_j`` (the token the target decoding policy chose), ``m_j ∈ {0, 1}`` the
 validity mask.
@@ -8,15 +8,15 @@ validity mask.
 Invalid slots (``m_j = 0``) follow one rule everywhere in this module unless a
 function says otherwise: they are *transparent*, i.e. treated as ``q_j = 1`` (always
 accepted). They neither break a chain nor count as a term of their own. This is the
-D-PACE rule of SPEC §4 (``q̃ = 1`` on invalid slots, weights summed over valid ``m``
+D-PACE rule (the D-PACE paper) (``q̃ = 1`` on invalid slots, weights summed over valid ``m``
 only). ``invalid="cut"`` is offered where a caller wants the stricter reading "the
 chain stops at the first invalid slot".
 
 Sources:
-- D-PACE paper (seeds/000), Eq. 1 (accepted length X), Eq. 3 (E[X] = Σ_k Π_{i≤k} a_i),
+- D-PACE paper ("Dynamic Position-Aware Cross-Entropy"), Eq. 1 (accepted length X), Eq. 3 (E[X] = Σ_k Π_{i≤k} a_i),
   Eq. 4 (surrogate S̃ = Σ_k Π_{i≤k} q_i), Eq. 5 (continuation value f_j).
-- "Teaching Diffusion to Speculate Left-to-Right" (seeds/002) §5.4 (first argmax error).
-- SPEC §6 (rate_i, conditional acceptance a_i).
+- the L2R paper ("Teaching Diffusion to Speculate Left-to-Right") §5.4 (first argmax error).
+- rate_i and the conditional acceptance a_i behind Eq. 3 of the D-PACE paper.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def prefix_products_from_log(
 ) -> Tensor:
     """Same as :func:`prefix_products` from log-probabilities: ``exp(Σ_{i≤k} log q_i)``.
 
-    This is the form of the chain reward (seeds/002 Eq. 12) and is the numerically
+    This is the form of the chain reward (the L2R paper Eq. 12) and is the numerically
     kinder way to differentiate a product of many probabilities.
     log_q: (..., K). Returns (..., K) float.
     """
@@ -108,7 +108,7 @@ def expected_accept_length(q: Tensor, mask: Tensor | None = None) -> Tensor:
     With ``q`` = conditional acceptance rates ``a_i`` this is the exact expected
     accepted draft length E[X] (Eq. 3, tail-sum identity); with ``q`` = draft
     confidences ``q_i = q(z*_i)`` it is the surrogate ``S̃`` (Eq. 4) whose Spearman
-    correlation with the realised length SPEC §6 reports. (..., K) -> (...).
+    correlation with the realised length the bench reports. (..., K) -> (...).
     """
     valid = _valid(mask, q)
     return (prefix_products(q, valid) * valid.to(q.dtype)).sum(dim=-1)
@@ -130,7 +130,7 @@ def first_error_index(correct: Tensor, mask: Tensor | None = None) -> Tensor:
 
 
 def first_argmax_error(draft_logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Greedy chain breaker (seeds/002 §5.4): first valid slot where
+    """Greedy chain breaker (the L2R paper §5.4): first valid slot where
     ``argmax(draft_logits) != label``; ``K`` if the block decodes correctly.
 
     draft_logits: (N, K, V); labels: (N, K); mask: (N, K). Returns (N,) long.
@@ -168,7 +168,7 @@ def position_acceptance(
     accepted_lengths: Sequence[int] | np.ndarray,
     proposed_lengths: Sequence[int] | np.ndarray | int,
 ) -> PositionAcceptance:
-    """rate_i and conditional acceptance a_i (SPEC §6) from per-round counts.
+    """rate_i and conditional acceptance a_i (as in the D-PACE paper) from per-round counts.
 
     accepted_lengths: (R,) accepted draft tokens per verify round (bonus/correction
     excluded); proposed_lengths: (R,) proposals per round, or one int for all rounds.

@@ -62,7 +62,8 @@ def check_field_types(config: Any) -> None:
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """SPEC §2: one draft layer -> [N // 2]; else evenly spaced over [1, N - 3], rounded.
+    """DFlash's default (Chen, Liang and Liu 2026): one draft layer -> [N // 2]; else evenly spaced over
+    [1, N - 3], rounded.
 
     N=36, 5 layers -> (1, 9, 17, 25, 33).
     """
@@ -101,7 +102,7 @@ class DFlashConfig:
     max_position_embeddings: int = 32768
     rope_parameters: Mapping[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 1e6})
     attention_bias: bool = False
-    layout: str = "dflash"  # "dspark": the anchor slot also predicts (SPEC §1)
+    layout: str = "dflash"  # "dspark": the anchor slot also predicts (the DSpark layout)
     draft_vocab_size: int | None = None  # reduced draft vocabulary (EAGLE-3 style); None = the full vocabulary
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -230,7 +231,7 @@ class DFlashConfig:
 
 
 def validate_layer_ids(layer_ids: tuple[int, ...] | list[int], num_target_layers: int) -> None:
-    """SPEC §2: id l is the output of decoder layer l; the last layer's output is post-norm and refused."""
+    """DFlash's convention: id l is the output of decoder layer l; the last layer's output is post-norm and refused."""
     for layer_id in layer_ids:
         if not 0 <= layer_id < num_target_layers:
             raise ConfigError(

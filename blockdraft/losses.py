@@ -1,4 +1,4 @@
-"""Training objectives of SPEC §4 as pure functions returning ``LossTerms(num, den)``.
+"""Training objectives as pure functions returning ``LossTerms(num, den)``.
 
 Every objective has the signature::
 
@@ -9,7 +9,7 @@ Every objective has the signature::
 ``N`` = blocks in the micro-batch, ``K = B - 1`` proposal slots (slot ``j`` at index
 ``j - 1``). The loss value is ``num / den``; a trainer that accumulates or all-reduces
 sums ``num`` and ``den`` separately, so the reduction is exact. ``den`` never carries
-gradient. Weights marked *detached* in SPEC §4 are ``.detach()``-ed.
+gradient. Weights the papers mark *detached* are ``.detach()``-ed.
 
 Normalisation (``LossKnobs.normalisation``; ``None`` = the per-loss default below):
   - ``"weights"``:   den = Σ_{n,j} w_nj · m_nj with the loss's own slot weight ``w``
@@ -59,7 +59,7 @@ def default_gamma(block_size: int) -> float:
     """DFlash decay γ for block size ``B``: 7 (B=16), 6 (B=12), 5 (B=10), 4 (B=8).
 
     Other sizes take the γ of the nearest tabulated block size, ties going to the
-    smaller block (so B=7, the DSpark layout with 7 proposals, gets 4 as SPEC §4 asks;
+    smaller block (so B=7, the DSpark layout with 7 proposals, gets 4;
     B=14 gets 6; B=32 gets 7). Losses see only ``K``, and use ``B = K + 1``.
     """
     nearest = min(DECAY_GAMMA_BY_BLOCK, key=lambda b: (abs(b - block_size), b))
@@ -68,13 +68,14 @@ def default_gamma(block_size: int) -> float:
 
 @dataclass(frozen=True)
 class LossKnobs:
-    """Hyper-parameters of the objectives, with the defaults of SPEC §4."""
+    """Hyper-parameters of the objectives, with the papers' defaults."""
 
     gamma: float | None = None  # decay/auf_decay γ; None = default_gamma(K + 1)
     alpha: float = 0.5  # D-PACE / D-PAKL smoothing α (D-PACE Eq. 7)
     topk: int = 3  # Top-K prefix mask K (GRIFFIN-style baseline, D-PACE App. B.2)
-    alpha_f: float = 0.3  # first-error focal coefficient α_f (seeds/002 Eq. 11)
-    alpha_c: float = 40.0  # chain reward coefficient α_c (seeds/002 Eq. 13)
+    # the L2R paper = "Teaching Diffusion to Speculate Left-to-Right"
+    alpha_f: float = 0.3  # first-error focal coefficient α_f (the L2R paper, Eq. 11)
+    alpha_c: float = 40.0  # chain reward coefficient α_c (the L2R paper Eq. 13)
     l2r_gamma: float = 10.0  # decay γ inside l2r and the focal weight w_{k*}(γ)
     normalisation: Normalisation | None = None  # None = per-loss default (module doc)
     chunk_rows: int | None = None  # slots per CE chunk; None = ~256 MiB of float32
@@ -270,7 +271,7 @@ def chunked_soft_cross_entropy(
 
 
 def decay_weights(K: int, gamma: float, device: torch.device | str | None = None) -> Tensor:
-    """``w_j = exp(−(j−1)/γ)`` for j = 1..K (DFlash; D-PACE Eq. 2, seeds/002 Eq. 8). -> (K,)"""
+    """``w_j = exp(−(j−1)/γ)`` for j = 1..K (DFlash; D-PACE Eq. 2, the L2R paper Eq. 8). -> (K,)"""
     j = torch.arange(1, K + 1, dtype=torch.float32, device=device)
     return torch.exp(-(j - 1) / gamma)
 
@@ -361,7 +362,7 @@ def uniform(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
-    """Position-uniform CE, ``w_j = 1`` (seeds/002 Eq. 7)."""
+    """Position-uniform CE, ``w_j = 1`` (the L2R paper Eq. 7)."""
     stats, m = _stats(draft_logits, labels, mask, knobs)
     return _weighted_ce("uniform", stats, m, torch.ones_like(m), knobs, num_sequences)
 
@@ -489,7 +490,7 @@ def first_error_focal(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
-    """First-error focal term ``L_fe`` (seeds/002 Eq. 10): CE at the first greedy error
+    """First-error focal term ``L_fe`` (the L2R paper Eq. 10): CE at the first greedy error
     ``k*`` of each breakable block, weighted by ``w_{k*}(γ = l2r_gamma)``;
     ``num = Σ_n w_{k*} CE_{k*}``, ``den = Σ_n w_{k*}`` (its own normalisation, not the knob).
     Blocks the drafter decodes correctly contribute nothing."""
@@ -501,7 +502,7 @@ def chain_reward(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
-    """Chain reward ``R = (1/K) Σ_k exp(Σ_{j≤k} log q_j)`` per block (seeds/002 Eq. 12).
+    """Chain reward ``R = (1/K) Σ_k exp(Σ_{j≤k} log q_j)`` per block (the L2R paper Eq. 12).
 
     A *reward* (to maximise): compose it with a negative coefficient. ``num = Σ_n R_n``,
     ``den`` = blocks with at least one valid slot (its own normalisation, not the knob).
@@ -531,7 +532,7 @@ def auf(
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Accept-Until-Fail: uniform CE on valid slots up to and including the first argmax
-    mismatch, the whole valid block if none (seeds/003 §4). Support is detached."""
+    mismatch, the whole valid block if none (Spec-AUF §4). Support is detached."""
     return _auf("auf", draft_logits, labels, mask, knobs, num_sequences, with_decay=False)
 
 
@@ -539,7 +540,7 @@ def auf_decay(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
-    """AUF with the DFlash decay ``exp(−(j−1)/γ)`` inside the support (seeds/003 §5.1)."""
+    """AUF with the DFlash decay ``exp(−(j−1)/γ)`` inside the support (Spec-AUF §5.1)."""
     return _auf("auf_decay", draft_logits, labels, mask, knobs, num_sequences, with_decay=True)
 
 
@@ -574,7 +575,7 @@ def l2r(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
-    """``decay(γ=l2r_gamma) + α_f L_fe − α_c R_chain`` (seeds/002 Eq. 13; γ=10, α_f=0.3, α_c=40).
+    """``decay(γ=l2r_gamma) + α_f L_fe − α_c R_chain`` (the L2R paper Eq. 13; γ=10, α_f=0.3, α_c=40).
 
     Each coefficient may be 0. The decay term is primary (knob normalisation); ``L_fe``
     and ``R_chain`` keep their own (Eq. 10 ratio; mean over blocks). One CE pass serves all three.

@@ -1,7 +1,7 @@
 """Adapter over any Hugging Face causal LM used as the target `p`.
 
 It gives the decoding loop and the drafters exactly what they need: a cached forward over new
-tokens at explicit positions, the hidden states of chosen layers (SPEC §2 convention), cache
+tokens at explicit positions, the hidden states of chosen layers (DFlash's convention), cache
 cropping to a committed length, and the frozen embeddings and LM head that drafters borrow.
 """
 

@@ -24,7 +24,7 @@ def test_init_drafter_then_generate_json_is_lossless(model_folder, tmp_path, cap
     assert main(["init-drafter", "--target", str(model_folder), "--layers", "2", "--block-size", "4",
                  "--dtype", "fp32", "--out", str(drafter_dir)]) == 0
     config = json.loads((drafter_dir / "config.json").read_text())
-    assert config["dflash_config"]["target_layer_ids"] == [1, 1]  # SPEC §2 spacing over [1, N-3] for N=3
+    assert config["dflash_config"]["target_layer_ids"] == [1, 1]  # DFlash's spacing over [1, N-3] for N=3
     assert config["dflash_config"]["mask_token_id"] >= len(json.loads((model_folder / "tokenizer.json").read_text())["model"]["vocab"])
     capsys.readouterr()
     outputs = {}

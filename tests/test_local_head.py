@@ -1,4 +1,4 @@
-"""DeLS-Spec: local head, unigram prior and logit fusion on a DFlash backbone (seeds/004 §4, App. A).
+"""DeLS-Spec: local head, unigram prior and logit fusion on a DFlash backbone (DeLS-Spec §4, App. A).
 
 The maths is pinned by hand (prior with smoothing, Markov variant, bias-free GRU, fusion formula);
 decoding must stay lossless with fusion on (greedy equality in float32, the chi-square test of

@@ -1,4 +1,4 @@
-"""SPEC §4 objectives: the weights and (num, den) of each loss pinned by hand-worked numbers."""
+"""Training objectives: the weights and (num, den) of each loss pinned by hand-worked numbers."""
 
 import math
 
@@ -93,7 +93,7 @@ def test_soft_cross_entropy_matches_reference():
 
 def test_default_gamma_table_and_rule():
     assert [L.default_gamma(b) for b in (16, 12, 10, 8)] == [7, 6, 5, 4]
-    assert L.default_gamma(7) == 4  # DSpark layout (SPEC §4)
+    assert L.default_gamma(7) == 4  # DSpark layout (the DSpark notebook)
     assert L.default_gamma(9) == 4 and L.default_gamma(14) == 6 and L.default_gamma(32) == 7
 
 
@@ -292,7 +292,7 @@ def test_chain_reward_gradient_wrt_log_q():
     rho = torch.cumprod(q.detach(), -1)
     assert math.isclose(terms.value().item(), rho.sum().item() / K, rel_tol=1e-5)
     terms.num.backward()
-    expected = acceptance.suffix_sums(rho) / K  # (1/K) Σ_{j≥k} ρ_j  (seeds/002 §5.5)
+    expected = acceptance.suffix_sums(rho) / K  # (1/K) Σ_{j≥k} ρ_j  (L2R paper §5.5)
     assert torch.allclose(log_q.grad, expected, atol=1e-5)
 
 
@@ -301,7 +301,7 @@ def test_l2r_composition():
     plain = L.l2r(logits, labels, mask, knobs=L.LossKnobs(alpha_f=0.0, alpha_c=0.0, l2r_gamma=3.0))
     decay = L.decay(logits, labels, mask, knobs=L.LossKnobs(gamma=3.0))
     assert torch.allclose(plain.num, decay.num) and plain.den == decay.den
-    # full objective by hand: decay(10) + 0.3 L_fe − 40 R_chain (seeds/002 Eq. 13)
+    # full objective by hand: decay(10) + 0.3 L_fe − 40 R_chain (the L2R paper Eq. 13)
     ce = ce_ref(logits, labels)
     w = L.decay_weights(6, 10.0)
     dec = (w * ce * mask).sum() / (w * mask).sum()

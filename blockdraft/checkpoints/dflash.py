@@ -133,7 +133,7 @@ def default_mask_token_id(target: Target) -> int:
 def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int = 16,
                        target_layer_ids: tuple[int, ...] | None = None, mask_token_id: int | None = None,
                        intermediate_size: int | None = None, draft_vocab_size: int | None = None) -> DFlashConfig:
-    """A fresh drafter config shaped for `target` (SPEC §2 defaults)."""
+    """A fresh drafter config shaped for `target` (DFlash's defaults)."""
     cfg = target.config
     heads = cfg.num_attention_heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {"rope_type": "default",

@@ -1,4 +1,4 @@
-"""Training conversations: loading, chat-template rendering, assistant-only loss masks (SPEC §5).
+"""Training conversations: loading, chat-template rendering, assistant-only loss masks.
 
 Rows come from `blockdraft regen` (`{"conversations": [{"role", "content"}, ...]}`) or from
 ShareGPT-style files (`{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`), as

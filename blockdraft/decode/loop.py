@@ -48,7 +48,7 @@ class GenerationResult:
 
     @property
     def tau(self) -> float:
-        """Committed tokens per verify round (SPEC §6), bonus/correction included."""
+        """Committed tokens per verify round (tau, as DFlash reports it), bonus/correction included."""
         return sum(r.emitted for r in self.rounds) / max(1, len(self.rounds))
 
     def to_dict(self) -> dict:
@@ -88,7 +88,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
 
     `num_proposals` caps the tokens proposed per round (default: the drafter's maximum).
     `record_q` stores the drafter's probability of each proposal in the round records (for the
-    surrogate check of SPEC §6; it costs one softmax over the proposals).
+    surrogate check (`eval/metrics.py`); it costs one softmax over the proposals).
     """
     drafter = drafter if drafter is not None else NoDrafter()
     proposals = drafter.max_proposals if num_proposals is None else min(num_proposals, drafter.max_proposals)

@@ -1,4 +1,4 @@
-"""The lossless acceptance rule (Leviathan et al. 2023; Chen et al. 2023; SPEC §3).
+"""The lossless acceptance rule (Leviathan et al. 2023; Chen et al. 2023).
 
 Walk the proposals left to right. Greedy: accept while the draft equals the target argmax; the
 first mismatch is replaced by the target argmax. Sampling: accept x_k with probability

@@ -71,7 +71,7 @@ class Proposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    #: target layers whose features the drafter reads (SPEC §2 ids); () when it reads none
+    #: target layers whose features the drafter reads (DFlash layer ids); () when it reads none
     target_layer_ids: tuple[int, ...]
     #: the most tokens one proposal may hold
     max_proposals: int

@@ -1,4 +1,4 @@
-"""The DFlash block drafter (SPEC §2), readable in one sitting.
+"""The DFlash block drafter (Chen, Liang and Liu 2026, "DFlash"), readable in one sitting.
 
 A block `[anchor, MASK x (B-1)]` is embedded with the target's embeddings and run through a few
 pre-norm Qwen3 layers. Queries come from the block only; keys/values are the layer's own

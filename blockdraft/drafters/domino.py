@@ -1,7 +1,7 @@
 """Domino's causal head: a GRU over the drafted prefix adds a low-rank residual to the block's logits.
 
 The DFlash backbone scores every slot of a block in one parallel pass (base logits U_k, the
-*base branch*). Domino (Huang et al. 2026; seeds/003 §5.2, seeds/004 §3.2) gives slot k the
+*base branch*). Domino (Huang et al. 2026; Spec-AUF §5.2, DeLS-Spec §3.2) gives slot k the
 tokens drafted before it through a small recurrent encoder over the target's frozen input
 embeddings, starting from the anchor:
 
@@ -10,9 +10,9 @@ embeddings, starting from the anchor:
     final_k = U_k + W_up r_k                         the *final branch*, over the draft vocabulary
 
 so the correction depends on the long context (through h_k) and on the local prefix (through
-g_k), the residual R(x_k; y, z_k) of seeds/004 §4. W_up starts at zero: a fresh head drafts
+g_k), the residual R(x_k; y, z_k) of DeLS-Spec §4. W_up starts at zero: a fresh head drafts
 exactly as its backbone. The GRU is one bias-free layer (hidden 1024, rank 256 by default, the
-sizes seeds/004 App. A gives for a local head "following the design choice in Domino").
+sizes DeLS-Spec App. A gives for a local head "following the design choice in Domino").
 
 Training is `train/domino.py`: (1 − λ)·CE_final + λ·CE_base, λ annealed 1 → 0; Domino-FT keeps
 the backbone frozen and trains this head only. The head is a `SlotHead`, saved under

@@ -1,11 +1,11 @@
-"""DSpark's two small heads, composed onto a DFlash backbone (seeds/001 §4-§5; DeepSpec reference).
+"""DSpark's two small heads, composed onto a DFlash backbone (the DSpark notebook §4-§5; DeepSpec reference).
 
 Markov head: the backbone scores every slot of a block in one parallel pass (base logits U_k);
 the head adds a previous-token bias while the block is drafted left to right,
 
     logits_k = U_k + W2(W1[x_{k-1}])        W1: Embedding(V, r), W2: Linear(r, V_out), r = 256
 
-(seeds/001 §4, "The Markov head, precisely"), with x_0 the anchor. Variants, following the
+(the DSpark notebook §4, "The Markov head, precisely"), with x_0 the anchor. Variants, following the
 DeepSpec reference (`markov_head_type` vanilla / gated / rnn):
   - "linear" (DSpark's "vanilla"): the bias above, memoryless.
   - "gated": the latent W1[x] is scaled element-wise by g = σ(gate_proj([h_k ; W1[x]])) before
@@ -15,7 +15,7 @@ DeepSpec reference (`markov_head_type` vanilla / gated / rnn):
     [a ; b ; o] = joint_proj([s_{k-1} ; W1[x_{k-1}] ; h_k]):
         bias_k = W2(tanh(o)),   s_k = σ(a)·s_{k-1} + (1 − σ(a))·tanh(b),
     so slot k sees every drafted token before it, not only the last one.
-Confidence head: c_k = σ(proj([h_k ; W1[x_{k-1}]])) (seeds/001 §5), reading the Markov head's W1
+Confidence head: c_k = σ(proj([h_k ; W1[x_{k-1}]])) (the DSpark notebook §5), reading the Markov head's W1
 (DSpark's `confidence_head_with_markov`); without the Markov features it reads h_k alone.
 
 Module names equal the released DSpark keys once prefixed by the head's name:
@@ -67,7 +67,7 @@ class MarkovHead(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """W2 = 0: a fresh head adds no bias, so it starts as pure parallel drafting (seeds/001 §8.2)."""
+        """W2 = 0: a fresh head adds no bias, so it starts as pure parallel drafting (the DSpark notebook §8.2)."""
         nn.init.normal_(self.markov_w1.weight, std=0.02)
         nn.init.zeros_(self.markov_w2.weight)
         for name in ("gate_proj", "joint_proj"):

@@ -1,12 +1,12 @@
 """DeLS-Spec: a short-context local head and a unigram prior fused into a DFlash drafter's logits
-(seeds/004 §4, App. A, Algorithm 1).
+(DeLS-Spec §4, App. A, Algorithm 1).
 
 The DFlash backbone gives long-context logits ℓ_L(x_i | y) for every slot in one parallel pass. A
 small local head, trained alone by next-token prediction on tokenised text, gives short-context
 logits ℓ_S(x_i | z_i) from the tokens of the block so far, z_i = [anchor, x_1 .. x_{i-1}]. While the
 block is drafted left to right, slot i is chosen from
 
-    ℓ(x_i) = ℓ_L(x_i | y) + α·ℓ_S(x_i | z_i) − β·ℓ_P(x_i)                       (seeds/004 Eq. 10)
+    ℓ(x_i) = ℓ_L(x_i | y) + α·ℓ_S(x_i | z_i) − β·ℓ_P(x_i)                       (DeLS-Spec Eq. 10)
 
 with ℓ_P the log unigram prior of the training corpus (App. A) and α = β = 0.3 (§5.1); α = β = 1 is
 the product-of-experts decomposition p(x|y,z) ∝ p(x|y)·p(x|z)/p(x) without its residual (App. B).
@@ -50,7 +50,7 @@ from .headed import HeadedDrafter
 from .heads import SlotHead
 
 LOCAL_VARIANTS = ("rnn", "markov")
-# Table 6 of seeds/004.
+# Table 6 of DeLS-Spec.
 DEFAULT_GRU_HIDDEN = 1024
 DEFAULT_LOCAL_RANK = 256
 DEFAULT_LOCAL_BLOCK = 16
@@ -277,7 +277,7 @@ class DeLSFusionHead(SlotHead):
     """ℓ = ℓ_L + α·ℓ_S − β·ℓ_P at each slot, composed onto a DFlash backbone as the slot head `local`.
 
     α, β are fixed floats (config.json only), or, with `per_position=True`, learnable vectors of one
-    weight per proposal slot (saved as `local_head.alpha` / `local_head.beta`, seeds/004 §5.6).
+    weight per proposal slot (saved as `local_head.alpha` / `local_head.beta`, DeLS-Spec §5.6).
     """
 
     name = "local"

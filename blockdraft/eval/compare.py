@@ -15,7 +15,7 @@ Writes `OUT/compare.md` (+ `compare.json`, `curves.png`) derived from `OUT/bench
 the variants' `metrics.jsonl`; `blockdraft compare ... ` run again redraws it without re-measuring:
   - tau per dataset with bootstrap 95% intervals (prompts resampled), the mean over datasets, and
     the relative change of the pooled tau against the baseline variant with a *paired* bootstrap
-    interval (the same resampled prompts for both), in the style of the seeds' tables;
+    interval (the same resampled prompts for both), in the style of the papers' tables;
   - speedup over `ar` (pooled), so a tau gain that does not pay for itself shows;
   - training curves side by side: training loss and the held-out expected tau / slot-1 accuracy
     against the step (the same steps for every variant).

@@ -29,7 +29,7 @@ Spec strings (`blockdraft bench --method ...`):
 
 Every runner returns a `Measurement`: generated tokens, `prefill_s`, `decode_s`, and for our loop
 the per-round records (columns) plus each round's drafted tokens, so that accept/correct/waste can
-be derived later. Prefill is excluded from `decode_s` (SPEC §6).
+be derived later. Prefill is excluded from `decode_s`.
 
 Hugging Face `generate` cannot be split into prefill and decode from the outside, so for the `hf-*`
 peers `generate_s` is the whole call, `prefill_s` is measured just before it with one cached forward

@@ -1,6 +1,6 @@
 """Every number of a bench report, as pure functions of the content of `results.json` (STYLE 9).
 
-Definitions (SPEC §6; a *run* is one (method, block size) pair, a *unit* one prompt of a
+Definitions (a *run* is one (method, block size) pair, a *unit* one prompt of a
 dataset with all its turns, the resampling unit of the bootstrap):
 
 - **tau** = Σ emitted / Σ verify rounds over the records (our loop; the prefill token is not a
@@ -13,16 +13,17 @@ dataset with all its turns, the resampling unit of the bootstrap):
   statistic recomputed from the resampled sums, 2.5/97.5 percentiles.
 - **rate_i, a_i**: `blockdraft.acceptance.position_acceptance` on the per-round accepted and
   proposed counts: rate_i = P(accepted ≥ i), a_i = P(slot i accepted | slots < i accepted).
-- **accept / correct / waste** (seed 002, Table 1) over the K+1 slots of each round (K drafted
-  slots plus the target's bonus/correction token): *accept* = (accepted + 1) / (K + 1), the slots
+- **accept / correct / waste** (the L2R paper, "Teaching Diffusion to Speculate Left-to-Right",
+  Table 1) over the K+1 slots of each round (K drafted slots plus the target's bonus/correction
+  token): *accept* = (accepted + 1) / (K + 1), the slots
   the verification contract keeps; *correct* = (accepted + 1 + wasted) / (K + 1), the slots whose
-  token equals the token the target's decoding policy committed at that position (z*, SPEC §1; at
-  temperature 0 the target's greedy output, as in the seed); *waste* = wasted / correct, where
+  token equals the token the target's decoding policy committed at that position (z*; at
+  temperature 0 the target's greedy output, as in the L2R paper); *waste* = wasted / correct, where
   *wasted* counts drafts after the first rejection that equal the later-committed token. A draft
   slot beyond the end of the generation has no reference token: it counts as not correct and is
   reported as *unknown*.
 - **verification cost** = (mean proposed per round + 1) / tau: target positions verified per
-  committed token (seed 001 §6; the confidence sweep's cost axis).
+  committed token (the DSpark notebook §6; the confidence sweep's cost axis).
 - **surrogate check**: per round, S~ = Σ_k Π_{i≤k} q_i of the drafter's probabilities of its own
   proposals (D-PACE Eq. 4, `acceptance.expected_accept_length`), against the realised emitted
   length; Spearman rho (scipy) over all rounds of a run.
@@ -158,7 +159,8 @@ def _rounds(records: Iterable[Mapping]) -> list[Mapping]:
 
 
 def acceptance_profile(records: Iterable[Mapping]) -> PositionAcceptance | None:
-    """rate_i and a_i (SPEC §6) over every round of the records; None without proposals."""
+    """rate_i and a_i (conditional acceptance, as in the D-PACE paper) over every round of the records;
+    None without proposals."""
     rounds = _rounds(records)
     accepted = [a for r in rounds for a in r["accepted"]]
     proposed = [p for r in rounds for p in r["proposed"]]
@@ -169,7 +171,7 @@ def acceptance_profile(records: Iterable[Mapping]) -> PositionAcceptance | None:
 
 @dataclass(frozen=True)
 class Utilisation:
-    """Slot counts over the K+1 slots of every round (seed 002 Table 1)."""
+    """Slot counts over the K+1 slots of every round (the L2R paper Table 1)."""
 
     slots: int  # Σ (proposed + 1)
     accepted: int  # Σ (accepted + 1): kept by the verification contract, bonus included
@@ -264,13 +266,13 @@ class Surrogate:
 @dataclass(frozen=True)
 class VerificationCost:
     rounds: int
-    mean_proposed: float  # drafted tokens sent to verification per round (gamma in seed 001 §6)
+    mean_proposed: float  # drafted tokens sent to verification per round (gamma in the DSpark notebook §6)
     tau: float
     cost: float  # (mean proposed + 1) / tau: target positions verified per committed token
 
 
 def verification_cost(records: Iterable[Mapping]) -> VerificationCost | None:
-    """Seed 001 §6 / SPEC §6: (proposed + 1) / tau, pooled over every round of the records."""
+    """The DSpark notebook's cost axis: (proposed + 1) / tau, pooled over every round of the records."""
     rounds = _rounds(records)
     proposed = [p for r in rounds for p in r["proposed"]]
     emitted = [e for r in rounds for e in r["emitted"]]

@@ -178,7 +178,8 @@ def _utilisation_section(results: Mapping) -> list[str]:
     if not rows:
         return []
     return (["## Accept / correct / waste", "",
-             "Over the K+1 slots of each round (K drafts + the target's bonus/correction), seed 002 Table 1: "
+             "Over the K+1 slots of each round (K drafts + the target's bonus/correction), as in Table 1 of "
+             "'Teaching Diffusion to Speculate Left-to-Right': "
              "accept = slots kept by verification; correct = slots whose token equals the committed token at that "
              "position (the target's greedy output at temperature 0); waste = correct drafts discarded after an "
              "upstream rejection, as a share of correct slots. Unknown = draft slots past the end of the output "
@@ -198,8 +199,8 @@ def _verification_cost_section(results: Mapping) -> list[str]:
         return []
     return (["## Verification cost", "",
              "Per run: drafted tokens verified per round (proposed), tau, and (proposed + 1) / tau = target positions "
-             "verified per committed token (seed 001 §6). Runs of one checkpoint at several `threshold=` values form "
-             "the confidence sweep.", ""]
+             "verified per committed token (DSpark's cost axis). Runs of one checkpoint at several `threshold=` values "
+             "form the confidence sweep.", ""]
             + _table(["dataset", "run", "rounds", "proposed", "tau", "(proposed + 1) / tau"], rows) + [""])
 
 

@@ -1,4 +1,4 @@
-"""Anchors, blocks and the block attention mask for block-parallel training (SPEC §5).
+"""Anchors, blocks and the block attention mask for block-parallel training (DFlash).
 
 All blocks of one sequence are drafted in a single forward: their slots are laid side by side as
 queries, the sequence's fused target features are the shared context, and a boolean mask lets

@@ -24,10 +24,10 @@ class TrainConfig:
     drafter_init: str | None = None  # start from this drafter checkpoint instead of a fresh one
     num_layers: int = 1
     block_size: int = 16
-    target_layer_ids: tuple[int, ...] | None = None  # None = SPEC §2 default
+    target_layer_ids: tuple[int, ...] | None = None  # None = DFlash's default spacing
     init_from_target: bool = False  # copy the target layers after the feature layers into the drafter
     draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent supervised tokens); None = full
-    # the objective (SPEC §4) and its knobs
+    # the objective (losses.py) and its knobs
     objective: str = "dpace"
     gamma: float | None = None
     alpha: float = 0.5
@@ -46,7 +46,7 @@ class TrainConfig:
     domino_lambda_start: float = 1.0
     domino_lambda_end: float = 0.0
     domino_anneal_ratio: float = 1.0
-    # optimisation (D-PACE App. C / SPEC §5 recipe defaults)
+    # optimisation (D-PACE App. C / DFlash recipe defaults)
     lr: float = 6e-4
     warmup_ratio: float = 0.04
     max_steps: int = 1000

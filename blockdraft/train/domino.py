@@ -1,4 +1,4 @@
-"""Training Domino's two branches: the `domino` objective of SPEC §4 and its AUF support variants.
+"""Training Domino's two branches: the `domino` objective and its AUF support variants.
 
 Domino's head gives two distributions per slot: the *base* branch (the backbone's logits U_k) and
 the *final* branch (U_k + the GRU residual, what drafts at inference). Both are trained:
@@ -6,7 +6,7 @@ the *final* branch (U_k + the GRU residual, what drafts at inference). Both are 
     L = (1 − λ)·CE_final + λ·CE_base,    λ annealed 1 → 0 over training (`domino_lambda`)
 
 so early updates shape the backbone as a plain block drafter and later ones the corrected
-proposals. Each CE is a weighted mean over its own *support*; Spec-AUF Table 3 (seeds/003 §5.2)
+proposals. Each CE is a weighted mean over its own *support*; Spec-AUF Table 3 (Spec-AUF §5.2)
 names the assignments, with the first-error support computed from each branch's own argmax:
 
     variant         base support   final support  weights

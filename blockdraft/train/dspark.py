@@ -1,6 +1,6 @@
-"""Training DSpark's heads: the `dspark_heads` objective (SPEC §4) and head-only training on a frozen backbone.
+"""Training DSpark's heads: the `dspark_heads` objective and head-only training on a frozen backbone.
 
-Per slot k of a block (seeds/001 §8; DeepSpec `compute_dspark_loss`):
+Per slot k of a block (the DSpark notebook §8; DeepSpec `compute_dspark_loss`):
 
     0.1·CE(U_k + bias_k, z*_k) + 0.9·‖q_k − p_k‖₁ + 1.0·BCE(c_k, clamp(1 − ½‖q_k − p_k‖₁, 0, 1))
 

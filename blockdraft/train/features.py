@@ -85,7 +85,7 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
                    out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, flush_seconds: float = 10.0,
                    progress: bool = True) -> "FeatureCache":
     """Run `target` once over each sequence of `dataset` and store the features of `layer_ids`
-    (SPEC §2: layer l = hidden_states[l + 1]) in `out_dir`; resume an interrupted run there.
+    (DFlash's convention: layer l = hidden_states[l + 1]) in `out_dir`; resume an interrupted run there.
 
     dataset[i].input_ids (S_i,) -> rows offsets[i] : offsets[i] + S_i of the (total_tokens, F) file.
     Returns the finished cache, opened read-only.

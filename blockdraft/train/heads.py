@@ -10,7 +10,7 @@ own for Domino's base branch), `head_terms` the loss. With `train_backbone=false
 loaded from `drafter_init` stays frozen and only the heads train (DSpark heads on a frozen
 backbone, Domino-FT); otherwise backbone and heads train jointly.
 
-Objectives with heads: `dspark_heads` (SPEC §4, needs the target's logits, so online features),
+Objectives with heads: `dspark_heads` (needs the target's logits, so online features),
 `domino` ((1 − λ)·CE_final + λ·CE_base, `train/domino.py`), or any `losses.LOSSES` objective,
 applied to the final (head-corrected) logits.
 """

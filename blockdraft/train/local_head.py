@@ -1,4 +1,4 @@
-"""Training DeLS-Spec's pieces (seeds/004 §4.2, §5.6, App. A): the local head, the unigram prior, and
+"""Training DeLS-Spec's pieces (DeLS-Spec §4.2, §5.6, App. A): the local head, the unigram prior, and
 the optional per-position fusion weights.
 
 - Local head: next-token CE on tokenised text, with no target forward and no drafter (the rnn
@@ -41,7 +41,7 @@ from .schedule import cosine_with_warmup
 
 @dataclass(frozen=True)
 class LocalHeadTrainConfig:
-    """Local head training; defaults are DeLS-Spec Table 6 (plus SPEC §5's warmup and clipping)."""
+    """Local head training; defaults are DeLS-Spec Table 6 (plus the DFlash recipe's warmup and clipping)."""
 
     target: str | None = None  # model folder or asset name (its tokenizer and, for rnn, its embeddings)
     data: str | None = None  # regenerated JSONL or ShareGPT-style file
@@ -227,7 +227,7 @@ def train_local_head(config: LocalHeadTrainConfig, *, progress: bool = True) -> 
     return Path(config.out_dir)
 
 
-# ------------------------------------------------------------------ per-position α/β (seeds/004 §5.6)
+# ------------------------------------------------------------------ per-position α/β (DeLS-Spec §5.6)
 
 
 def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: float = 1e-3, num_anchors: int = 64,
