@@ -217,12 +217,12 @@ class DFlashDrafter:
         self.pending = prompt_features
 
     @torch.inference_mode()
-    def block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
+    def draft_block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
         """One drafter pass for the block after ids (1, L); returns (num_proposals, V) logits."""
-        return self.head(self.block_hidden(ids, num_proposals))  # (k, V_draft)
+        return self.head(self.draft_block_hidden(ids, num_proposals))  # (k, V_draft)
 
     @torch.inference_mode()
-    def block_hidden(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
+    def draft_block_hidden(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
         """One drafter pass for the block after ids (1, L); returns the (num_proposals, H) final
         hidden states of the predicting slots (what heads composed onto the backbone read)."""
         start = ids.shape[1] - 1  # anchor position = context length
@@ -244,7 +244,7 @@ class DFlashDrafter:
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        logits = self.block_logits(ids, min(num_proposals, self.max_proposals))
+        logits = self.draft_block_logits(ids, min(num_proposals, self.max_proposals))
         tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
         return Proposal(tokens=self.head.to_target_ids(tokens), q_draft=self.head.to_target_probs(q_draft),
                         logits=logits, logit_token_ids=self.head.logit_token_ids, slot_marginals=True)

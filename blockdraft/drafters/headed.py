@@ -117,7 +117,7 @@ class HeadedDrafter:
                 generator: torch.Generator | None) -> Proposal:
         started = time.perf_counter()
         k_max = min(num_proposals, self.max_proposals)
-        hidden = self.backbone.block_hidden(ids, k_max)  # (k, H)
+        hidden = self.backbone.draft_block_hidden(ids, k_max)  # (k, H)
         base = self.backbone.head(hidden).float()  # (k, V_draft) U_k
         head = self.backbone.head
         markov = self.markov if self.use_markov else None
