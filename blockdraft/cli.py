@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_engine)
 
     for module in ("assets", "data.regen", "train.bench", "quickstart", "eval.bench", "eval.compare", "eval.verify_cost",
-                   "dspark_import", "train.local_head"):
+                   "dspark_import", "train.local_head", "train.teacher"):
         try:
             imported = __import__(f"blockdraft.{module}", fromlist=["add_cli"])
         except ImportError as err:  # an optional extra is missing; the rest of the CLI still works

@@ -1,4 +1,4 @@
-"""Training labels from existing text (SPEC §8): regenerated, teacher-forced and prefix-consistent.
+"""Training labels from existing text (docs/distillation.md): regenerated, teacher-forced and prefix-consistent.
 
 One target pass over a text (teacher forcing) gives, at every position t, the target's greedy
 choice `g_t` = argmax p(. | x_<t). A block opened at anchor a predicts positions a+1 .. a+K.
@@ -20,13 +20,22 @@ cache row t - 1 holds it; `greedy_at_positions`). greedy[0] is never read.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
+from ..losses import TopKTargets
 from .blocks import valid_anchor_positions
 
 LABEL_POLICIES = ("regenerated", "teacher_forced", "prefix_consistent")
+
+
+class Teacher(NamedTuple):
+    """The target's judgement of one sequence: greedy (S,) aligned to positions, and the cached top-k
+    rows (`features.TopKRows`, row t about position t + 1) or None when it comes from online logits."""
+
+    greedy: torch.Tensor
+    rows: object | None
 
 
 def greedy_at_positions(greedy_next: torch.Tensor, first_token: torch.Tensor) -> torch.Tensor:
@@ -122,3 +131,24 @@ def prefix_consistency_report(sequences: Sequence[tuple[torch.Tensor, torch.Tens
         "mean_labelled_slots": labelled_sum / anchors_seen,
         "labelled_slots_histogram": histogram.tolist(),
     }
+
+
+def block_soft_targets(rows, label_positions: torch.Tensor, vocab_map=None,
+                       vocab_size: int | None = None) -> TopKTargets:
+    """The cached top-k rows of the positions the blocks predict -> `TopKTargets` (n, K, k).
+
+    rows: `features.TopKRows` of the sequence (row t = the distribution of position t + 1);
+    label_positions (n, K) absolute positions (>= 1; past the end they are clamped, their slots are
+    masked anyway). With a reduced draft vocabulary (`vocab_map`), ids map to draft ids and the mass of
+    kept tokens outside it joins the tail: the draft cannot put mass on them, so they count as "rest".
+    """
+    row_index = (label_positions - 1).clamp(min=0, max=rows.ids.shape[0] - 1)  # (n, K)
+    ids, log_probs, tail = rows.ids[row_index], rows.log_probs[row_index], rows.tail_log_mass[row_index]
+    if vocab_map is not None:
+        draft_ids = vocab_map.target_to_draft(vocab_size)[ids]  # (n, K, k), -1 outside the draft vocabulary
+        outside = draft_ids < 0
+        minus_inf = torch.full_like(log_probs, float("-inf"))
+        tail = torch.logaddexp(tail, torch.where(outside, log_probs, minus_inf).logsumexp(-1))
+        log_probs = torch.where(outside, minus_inf, log_probs)
+        ids = draft_ids.clamp(min=0)
+    return TopKTargets(ids, log_probs, tail)
