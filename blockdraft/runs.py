@@ -8,6 +8,7 @@ its earlier output there and resumes it:
     regen/<target>-<prompts>-t<temperature>-m<max_new_tokens>.jsonl   `blockdraft regen` without --out
     features/<target>-<data fingerprint>-L<layers>-k<topk>/             `blockdraft cache-features` without --out
     runs/<target>-<labels>-<objective>-<hash of the config>/           `blockdraft train` without out_dir
+    conversations/sharegpt[-code].jsonl                                 data="sharegpt[-code]" (original answers)
 
 Explicit paths are used as given.
 """
@@ -57,11 +58,16 @@ def default_run_dir(config) -> Path:
 
 
 def find_data(path: str) -> Path:
-    """`path` as given when it exists; else the same relative path under the blockdraft home (where
+    """`path` as given when it exists; else a named source of original conversations ("sharegpt",
+    "sharegpt-code": data/sources.py); else the same relative path under the blockdraft home (where
     `blockdraft regen` writes by default), said on stderr; else `path` (the loader names it missing)."""
     given = Path(path).expanduser()
     if given.exists() or given.is_absolute():
         return given
+    from .data.sources import SOURCES, conversations_file
+
+    if str(path) in SOURCES:
+        return conversations_file(str(path))
     home = blockdraft_home() / given
     if home.exists():
         print(f"data: {path} is not in {Path.cwd()}; using {home}", file=sys.stderr)

@@ -183,3 +183,32 @@ def test_cache_features_command_builds_what_the_run_reads_and_reports_the_prefix
     assert main(["cache-features", "--target", str(model), "--data", str(root / "data.jsonl"), "--topk", "100000",
                  "--max-length", "128", "--block-size", "4", "--dtype", "fp32"]) == 2
     assert "larger than the target's vocabulary" in capsys.readouterr().err
+
+
+def test_named_sharegpt_sources_keep_the_original_answers(tmp_path, monkeypatch):
+    import blockdraft.assets as assets
+    from blockdraft.runs import find_data
+
+    records = [
+        {"id": "a", "conversations": [{"from": "human", "value": "write a python function to sort"},
+                                      {"from": "gpt", "value": "def f(x): return sorted(x)"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "tell me a story about a cat"},
+                                      {"from": "gpt", "value": "Once upon a time"}]},
+        {"id": "c", "conversations": [{"from": "gpt", "value": "a chunk that opens with the answer"}]},
+    ]
+    shipped = tmp_path / "sharegpt.json"
+    shipped.write_text(json.dumps(records)[:-1])  # the shipped file is cut off before its closing bracket
+
+    def fake_path(name):
+        if name == "sharegpt":
+            return shipped
+        raise assets.AssetError(f"{name} not fetched")
+
+    monkeypatch.setattr(assets, "path", fake_path)
+    monkeypatch.setenv("BLOCKDRAFT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    code = find_data("sharegpt-code")
+    assert code == tmp_path / "home" / "conversations" / "sharegpt-code.jsonl"
+    rows = [json.loads(line) for line in code.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a"] and rows[0]["conversations"][1]["value"].startswith("def f")
+    assert [json.loads(line)["id"] for line in find_data("sharegpt").read_text().splitlines()] == ["a", "b"]
