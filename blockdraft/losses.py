@@ -6,6 +6,10 @@ Every objective has the signature::
        target_logits (N, K, V) | None = None, knobs: LossKnobs = LossKnobs(),
        num_sequences: int | None = None) -> LossTerms
 
+The objectives that read the target's distribution (``SOFT_TARGET_LOSSES``: ``kl``, ``kl_decay``,
+``dpakl``) also take ``soft_targets: TopKTargets | None``, the cached top-k log-probabilities with
+their tail, in place of ``target_logits``; :func:`call_loss` and :func:`compose` pass it only to them.
+
 ``N`` = blocks in the micro-batch, ``K = B - 1`` proposal slots (slot ``j`` at index
 ``j - 1``). The loss value is ``num / den``; a trainer that accumulates or all-reduces
 sums ``num`` and ``den`` separately, so the reduction is exact. ``den`` never carries
@@ -35,6 +39,7 @@ per slot and recomputes the softmax chunk by chunk in the backward pass.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Mapping, NamedTuple, Sequence
 
@@ -49,6 +54,7 @@ _DEFAULT_NORMALISATION: dict[str, Normalisation] = {
     **{name: "weights" for name in ("uniform", "decay", "topk_mask", "auf", "auf_decay", "l2r")},
     **{name: "sequences" for name in ("dpace", "dpace_cumulative", "dpace_continuation", "dpace_target",
                                       "dpakl", "accept_rate")},
+    "kl": "weights", "kl_decay": "weights",
 }
 # DFlash decay constant per block size B (D-PACE App. B.2; B = 12 from the D-PACE paper).
 DECAY_GAMMA_BY_BLOCK = {8: 4.0, 10: 5.0, 12: 6.0, 16: 7.0}
@@ -448,16 +454,17 @@ def topk_mask(
 
 def dpakl(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    soft_targets: TopKTargets | None = None, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """D-PAKL: ``C_j = −Σ_x p_j(x) log q_j(x)``, ``â_j = exp(−C_j)``, D-PACE weights from
     ``â`` (detached), loss ``Σ_j w̄_j C_j m_j`` (D-PACE App. E, Eq. 10-13). ``labels`` are
-    not used (the soft target replaces them); they are taken for the common signature."""
+    not used (the soft target replaces them); they are taken for the common signature.
+
+    ``p`` comes from ``target_logits`` (online, the whole vocabulary) or from ``soft_targets`` (the
+    cached top-k, with the tail compared as one bucket: :func:`topk_cross_entropy`)."""
     _check_inputs(draft_logits, labels, mask)
     m = mask.float()
-    soft_ce = chunked_soft_cross_entropy(
-        draft_logits, _need_target("dpakl", target_logits), mask, chunk_rows=knobs.chunk_rows
-    )
+    soft_ce, _ = _soft_ce_and_kl("dpakl", draft_logits, mask, target_logits, soft_targets, knobs)
     w = dpace_weights(torch.exp(-soft_ce.detach()), m, knobs.alpha)
     num = (w * soft_ce * m).sum()
     with torch.no_grad():
@@ -544,6 +551,185 @@ def auf_decay(
     return _auf("auf_decay", draft_logits, labels, mask, knobs, num_sequences, with_decay=True)
 
 
+# ----------------------------------------------------------------------------- soft targets (top-k)
+
+
+@dataclass(frozen=True)
+class TopKTargets:
+    """The target's distribution at each slot, kept as its k most likely tokens plus a tail bucket.
+
+    ids (N, K, k) long draft-vocabulary ids; log_probs (N, K, k) float32 (−inf marks an unused entry,
+    e.g. a token outside a reduced draft vocabulary whose mass was folded into the tail);
+    tail_log_mass (N, K) float32 = log of the mass outside the kept tokens (−inf when there is none).
+    Built from the teacher-forced cache (``blockdraft.train.features``) for the block slots.
+    """
+
+    ids: Tensor
+    log_probs: Tensor
+    tail_log_mass: Tensor
+
+    def buckets(self) -> tuple[Tensor, Tensor]:
+        """(p (N, K, k), T (N, K)) float32, renormalised so Σ p + T = 1 exactly (a cache stored in fp16
+        sums to 1 only to ~1e-3)."""
+        log_all = torch.cat([self.log_probs.float(), self.tail_log_mass.float()[..., None]], dim=-1)
+        probs = torch.softmax(log_all, dim=-1)  # −inf entries get 0
+        return probs[..., :-1], probs[..., -1]
+
+
+class _TopKCrossEntropy(torch.autograd.Function):
+    """C = −Σ_{i∈top} p_i log q_i − T log Q_rest per selected slot (float32, chunked), where
+    Q_rest = 1 − Σ_{i∈top} q_i is the draft's mass outside the target's kept tokens.
+
+    With lse = logsumexp(x) and lse_rest = logsumexp over the other tokens:
+      C = lse − Σ p_i x_i − T · lse_rest          (Σ p + T = 1)
+      ∂C/∂x_v = q_v − p_v on a kept token, q_v − T · q_v / Q_rest elsewhere.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, n_idx, k_idx, ids, p, tail, chunk):  # type: ignore[override]
+        R = n_idx.numel()
+        c = torch.empty(R, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(c)
+        lse_rest = torch.empty_like(c)
+        for s in range(0, R, chunk):
+            x = logits[n_idx[s : s + chunk], k_idx[s : s + chunk]].float()  # (r, V)
+            rest = _rest(x, ids[s : s + chunk], p[s : s + chunk])
+            lse[s : s + chunk] = torch.logsumexp(x, dim=-1)
+            lse_rest[s : s + chunk] = torch.logsumexp(rest, dim=-1)
+            kept = (p[s : s + chunk] * x.gather(1, ids[s : s + chunk])).sum(-1)
+            t = tail[s : s + chunk]
+            tail_term = torch.where(t > 0, t * lse_rest[s : s + chunk], torch.zeros_like(t))  # 0·(−inf) := 0
+            c[s : s + chunk] = lse[s : s + chunk] - kept - tail_term
+        ctx.save_for_backward(logits, n_idx, k_idx, ids, p, tail, lse, lse_rest)
+        ctx.chunk = chunk
+        return c
+
+    @staticmethod
+    def backward(ctx, grad_c):  # type: ignore[override]
+        logits, n_idx, k_idx, ids, p, tail, lse, lse_rest = ctx.saved_tensors
+        grad = torch.zeros_like(logits)
+        for s in range(0, n_idx.numel(), ctx.chunk):
+            rows = (n_idx[s : s + ctx.chunk], k_idx[s : s + ctx.chunk])
+            g = grad_c[s : s + ctx.chunk, None].float()  # (r, 1)
+            x = logits[rows].float()
+            sl_ids, sl_p, t = ids[s : s + ctx.chunk], p[s : s + ctx.chunk], tail[s : s + ctx.chunk, None]
+            q_draft = torch.exp(x - lse[s : s + ctx.chunk, None])
+            rest = torch.exp(_rest(x, sl_ids, sl_p) - lse_rest[s : s + ctx.chunk, None])  # q_v / Q_rest off the top
+            x_grad = q_draft - torch.where(t > 0, t * rest.nan_to_num(0.0), torch.zeros_like(rest))
+            x_grad.scatter_add_(1, sl_ids, -sl_p)
+            grad[rows] = (x_grad * g).to(grad.dtype)
+        return grad, None, None, None, None, None, None
+
+
+def _rest(x: Tensor, ids: Tensor, p: Tensor) -> Tensor:
+    """x (r, V) with the kept tokens set to −inf (entries with p = 0, unused or underflowed, count as tail)."""
+    rest = x.clone()
+    rows = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(ids)
+    used = p > 0
+    rest[rows[used], ids[used]] = float("-inf")
+    return rest
+
+
+def topk_cross_entropy(draft_logits: Tensor, soft_targets: TopKTargets, mask: Tensor, *,
+                       chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
+    """Cross-entropy and forward KL from the target's top-k distribution to the draft's, per slot.
+
+    The target is known on its k kept tokens and as one tail bucket T; the draft is compared on the
+    same k + 1 buckets: its own probabilities of the kept tokens and its mass Q_rest outside them.
+      C_j  = −Σ_{i∈top} p_i log q_i − T log Q_rest
+      KL_j = Σ_{i∈top} p_i log(p_i / q_i) + T log(T / Q_rest)
+    This is the exact KL between the two distributions coarsened to those buckets, so 0 ≤ KL_j ≤
+    the full-vocabulary KL, equal to it when the draft's tail has the target's shape; it needs no
+    guess of how the target spreads its tail. Shapes (N, K, V), (N, K) -> (C, KL) each (N, K) float32,
+    0 on invalid slots; gradient to ``draft_logits`` only (the entropy in KL is a constant).
+    """
+    _check_soft(draft_logits, soft_targets)
+    N, K, V = draft_logits.shape
+    n_idx, k_idx = mask.bool().nonzero(as_tuple=True)
+    p, tail = soft_targets.buckets()
+    p_v, tail_v = p[n_idx, k_idx], tail[n_idx, k_idx]  # (R, k), (R,)
+    ids_v = soft_targets.ids[n_idx, k_idx].long()
+    c_v = _TopKCrossEntropy.apply(draft_logits, n_idx, k_idx, ids_v, p_v, tail_v, _chunk_rows(V, chunk_rows))
+    entropy_v = -(torch.special.xlogy(p_v, p_v).sum(-1) + torch.special.xlogy(tail_v, tail_v))
+    zeros = torch.zeros(N, K, dtype=torch.float32, device=draft_logits.device)
+    return zeros.index_put((n_idx, k_idx), c_v), zeros.index_put((n_idx, k_idx), c_v - entropy_v)
+
+
+def _check_soft(draft_logits: Tensor, soft_targets: TopKTargets) -> None:
+    N, K, V = draft_logits.shape
+    ids = soft_targets.ids
+    if ids.shape[:2] != (N, K) or soft_targets.log_probs.shape != ids.shape or \
+            soft_targets.tail_log_mass.shape != (N, K):
+        raise ValueError(f"soft_targets ids/log_probs must be (N, K, k) and tail_log_mass (N, K) with (N, K) = "
+                         f"{(N, K)}, got {tuple(ids.shape)}, {tuple(soft_targets.log_probs.shape)}, "
+                         f"{tuple(soft_targets.tail_log_mass.shape)}")
+    if ids.numel() and (ids.min() < 0 or ids.max() >= V):
+        raise ValueError(f"soft_targets ids must lie in the draft vocabulary [0, {V})")
+
+
+@torch.no_grad()
+def _full_entropy(target_logits: Tensor, mask: Tensor, chunk_rows: int | None) -> Tensor:
+    """H(p_target) per valid slot (N, K), float32, chunked; 0 elsewhere."""
+    N, K, V = target_logits.shape
+    n_idx, k_idx = mask.bool().nonzero(as_tuple=True)
+    out = torch.zeros(N, K, dtype=torch.float32, device=target_logits.device)
+    chunk = _chunk_rows(V, chunk_rows)
+    for s in range(0, n_idx.numel(), chunk):
+        rows = (n_idx[s : s + chunk], k_idx[s : s + chunk])
+        log_p = torch.log_softmax(target_logits[rows].float(), dim=-1)
+        out[rows] = -(log_p.exp() * log_p).sum(-1)
+    return out
+
+
+def _soft_ce_and_kl(name: str, draft_logits: Tensor, mask: Tensor, target_logits: Tensor | None,
+                    soft_targets: TopKTargets | None, knobs: LossKnobs) -> tuple[Tensor, Tensor]:
+    """(C, KL) per slot from the cached top-k targets, or from full online target logits."""
+    if soft_targets is not None:
+        return topk_cross_entropy(draft_logits, soft_targets, mask, chunk_rows=knobs.chunk_rows)
+    if target_logits is None:
+        raise ValueError(f"{name} needs the target's distribution: soft_targets (the cached top-k log-probs) "
+                         f"or target_logits (N, K, V)")
+    soft_ce = chunked_soft_cross_entropy(draft_logits, target_logits, mask, chunk_rows=knobs.chunk_rows)
+    return soft_ce, soft_ce - _full_entropy(target_logits, mask, knobs.chunk_rows)
+
+
+def _kl(name, draft_logits, labels, mask, target_logits, soft_targets, knobs, num_sequences, weights) -> LossTerms:
+    _check_inputs(draft_logits, labels, mask)
+    m = mask.float()
+    _, kl_slot = _soft_ce_and_kl(name, draft_logits, mask, target_logits, soft_targets, knobs)
+    w = weights.detach().expand_as(m)
+    num = (w * kl_slot * m).sum()
+    with torch.no_grad():
+        extras = {"kl": (kl_slot * m).sum() / m.sum().clamp(min=1),
+                  "kl_per_position": (kl_slot * m).sum(0) / m.sum(0).clamp(min=1)}
+    return LossTerms(num, _den(name, knobs, w * m, m, num_sequences), extras)
+
+
+def kl(
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
+    soft_targets: TopKTargets | None = None, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+) -> LossTerms:
+    """Forward KL(p_target ‖ q_draft) per slot, uniform over valid slots: ``Σ_j KL_j m_j``.
+
+    From the cached top-k targets with the tail as one bucket (:func:`topk_cross_entropy`), or from
+    full online target logits (the exact KL). The soft-target distillation of HASS / PARD-2 and
+    NVIDIA's DFlash recipe. ``labels`` are not read (the distribution replaces them).
+    """
+    m = mask.float()
+    return _kl("kl", draft_logits, labels, mask, target_logits, soft_targets, knobs, num_sequences,
+               torch.ones_like(m))
+
+
+def kl_decay(
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
+    soft_targets: TopKTargets | None = None, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+) -> LossTerms:
+    """Forward KL with the DFlash decay weights ``exp(−(j−1)/γ)`` (as ``decay`` weights CE)."""
+    K = mask.shape[1]
+    return _kl("kl_decay", draft_logits, labels, mask, target_logits, soft_targets, knobs, num_sequences,
+               decay_weights(K, _gamma(knobs, K), mask.device))
+
+
 # ----------------------------------------------------------------------------- composition
 
 
@@ -603,7 +789,11 @@ LOSSES: dict[str, LossFn] = {
     "l2r": l2r,
     "auf": auf,
     "auf_decay": auf_decay,
+    "kl": kl,
+    "kl_decay": kl_decay,
 }
+# Objectives that read the target's distribution (online logits or the cached top-k), not only labels.
+SOFT_TARGET_LOSSES = frozenset({"dpakl", "kl", "kl_decay"})
 # Extra named terms for composition (they carry their own normalisation).
 TERMS: dict[str, LossFn] = {"first_error_focal": first_error_focal, "chain_reward": chain_reward}
 
@@ -628,8 +818,22 @@ def compose(coefficients: Mapping[str, float]) -> LossFn:
 
     def composed(draft_logits, labels, mask, **kw) -> LossTerms:
         return combine_terms(
-            [(name, c, known[name](draft_logits, labels, mask, **kw)) for name, c in coefficients.items()]
+            [(name, c, known[name](draft_logits, labels, mask, **_accepted(known[name], kw)))
+             for name, c in coefficients.items()]
         )
 
     return composed
+
+
+def _accepted(fn: LossFn, kw: Mapping[str, object]) -> dict[str, object]:
+    """The keyword arguments ``fn`` takes: ``soft_targets`` reaches only the objectives that read it."""
+    parameters = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(kw)  # a composed loss filters for its own terms
+    return {key: value for key, value in kw.items() if key in parameters}
+
+
+def call_loss(fn: LossFn, draft_logits: Tensor, labels: Tensor, mask: Tensor, **kw) -> LossTerms:
+    """``fn(draft_logits, labels, mask, **kw)`` with the keyword arguments ``fn`` does not take left out."""
+    return fn(draft_logits, labels, mask, **_accepted(fn, kw))
 

@@ -67,11 +67,11 @@ class KilledAfter:
     def __getattr__(self, name):
         return getattr(self.target, name)
 
-    def features(self, input_ids, layer_ids):
+    def features(self, input_ids, layer_ids, **options):
         if self.calls is not None and self.ran == self.calls:
             raise Interrupted
         self.ran += 1
-        return self.target.features(input_ids, layer_ids)
+        return self.target.features(input_ids, layer_ids, **options)
 
 
 def test_interrupted_cache_resumes_where_it_stopped(target, tmp_path):
@@ -144,3 +144,89 @@ def test_a_cache_serves_any_subset_of_its_layers(target, tmp_path):
     assert (tmp_path / F.DATA_FILE).read_bytes() == before
     with pytest.raises(FeatureCacheError, match="target layers"):
         FeatureCache(tmp_path, layer_ids=[1, 3])
+
+
+# ----------------------------------------------------------------------------- top-k log-probabilities
+
+
+def test_cached_topk_log_probs_equal_the_online_logits(target, tmp_path, capsys):
+    data = sequences()
+    k = 8
+    cache = cache_features(target, data, LAYERS, tmp_path, topk=k, logprob_dtype=torch.float32, progress=False)
+    width = len(LAYERS) * target.hidden_size
+    per_token = width * 2 + k * 4 + (k + 1) * 4  # bf16 features + int32 ids + fp32 log-probs and tail
+    assert F.bytes_per_token(width, torch.bfloat16, k, torch.float32) == per_token
+    assert f"{per_token:,} bytes per token" in capsys.readouterr().out
+    assert cache.index["topk"] == k and cache.index["target_shape"]["vocab_size"] == target.vocab_size
+    for i, item in enumerate(data):
+        logits = target.features(item.input_ids[None], LAYERS, with_logits=True).logits[0]  # (S, V)
+        log_p = torch.log_softmax(logits.float(), dim=-1)
+        top, top_ids = log_p.topk(k, dim=-1)
+        rows = cache.topk(i)
+        assert torch.equal(rows.ids, top_ids) and torch.equal(rows.greedy_next, logits.argmax(-1))
+        torch.testing.assert_close(rows.log_probs, top, rtol=0, atol=1e-5)
+        rest = log_p.scatter(1, top_ids, float("-inf")).logsumexp(-1)
+        torch.testing.assert_close(rows.tail_log_mass, rest, rtol=0, atol=1e-5)
+        # The k probabilities and the tail are the whole distribution.
+        total = rows.log_probs.exp().sum(-1) + rows.tail_log_mass.exp()
+        torch.testing.assert_close(total, torch.ones_like(total), rtol=0, atol=1e-5)
+        assert torch.equal(cache.features(i), online(target, item).bfloat16())  # features as before
+
+
+def test_a_larger_k_serves_a_smaller_one_with_the_rest_folded_into_the_tail(target, tmp_path):
+    data = sequences(3)
+    big = cache_features(target, data, LAYERS, tmp_path, topk=8, progress=False)  # fp16 log-probs
+    small = cache_features(target, data, LAYERS, tmp_path, topk=3, progress=False)  # no recompute
+    assert small.topk_size == 3 and big.topk_size == 8
+    for i in range(len(data)):
+        whole, part = big.topk(i), small.topk(i)
+        assert torch.equal(part.ids, whole.ids[:, :3])
+        torch.testing.assert_close(part.log_probs, whole.log_probs[:, :3], rtol=0, atol=0)
+        folded = torch.cat([whole.log_probs[:, 3:], whole.tail_log_mass[:, None]], 1).logsumexp(1)
+        torch.testing.assert_close(part.tail_log_mass, folded, rtol=0, atol=1e-6)
+    # Features-only readers may use it too.
+    assert cache_features(target, data, LAYERS, tmp_path, progress=False).cached_topk == 8
+
+
+def test_interrupted_topk_cache_resumes(target, tmp_path):
+    data = sequences()
+    with pytest.raises(Interrupted):
+        cache_features(KilledAfter(target, calls=3), data, LAYERS, tmp_path, topk=4, flush_seconds=0.0,
+                       progress=False)
+    resumed = KilledAfter(target, calls=None)
+    cache = cache_features(resumed, data, LAYERS, tmp_path, topk=4, progress=False)
+    assert resumed.ran == len(data) - 3
+    fresh = cache_features(target, data, LAYERS, tmp_path / "fresh", topk=4, progress=False)
+    for i in range(len(data)):
+        assert torch.equal(cache.topk(i).ids, fresh.topk(i).ids)
+        assert torch.equal(cache.topk(i).log_probs, fresh.topk(i).log_probs)
+
+
+def test_bad_topk_requests_are_refused_and_nothing_is_overwritten(target, tmp_path):
+    data = sequences()
+    with pytest.raises(FeatureCacheError, match="larger than the target's vocabulary"):
+        cache_features(target, data, LAYERS, tmp_path / "big", topk=target.vocab_size + 1, progress=False)
+    silent = [TokenizedConversation(item.input_ids, torch.zeros_like(item.loss_mask)) for item in data]
+    with pytest.raises(FeatureCacheError, match="no assistant tokens"):
+        cache_features(target, silent, LAYERS, tmp_path / "silent", topk=4, progress=False)
+    assert not (tmp_path / "big").exists() or not any((tmp_path / "big").iterdir())
+    # A features-only cache is not good for labels or soft targets, and is not rewritten to become one.
+    cache_features(target, data, LAYERS, tmp_path / "plain", progress=False)
+    before = (tmp_path / "plain" / F.DATA_FILE).read_bytes()
+    with pytest.raises(FeatureCacheError, match="without the target's log-probabilities"):
+        cache_features(target, data, LAYERS, tmp_path / "plain", topk=4, progress=False)
+    with pytest.raises(FeatureCacheError, match="without the target's log-probabilities"):
+        FeatureCache(tmp_path / "plain", topk=4)
+    assert (tmp_path / "plain" / F.DATA_FILE).read_bytes() == before
+    assert not (tmp_path / "plain" / F.TOPK_IDS_FILE).exists()
+    # Another target (same tokenizer, so the same data fingerprint, but another model) or other layers.
+    cache_features(target, data, LAYERS, tmp_path / "k4", topk=4, progress=False)
+    wider = tiny_target("qwen3", hidden_size=96)
+    with pytest.raises(FeatureCacheError, match="target"):
+        FeatureCache(tmp_path / "k4", topk=4, target=wider)
+    with pytest.raises(FeatureCacheError, match="target_shape"):
+        cache_features(wider, data, LAYERS, tmp_path / "k4", topk=4, progress=False)
+    with pytest.raises(FeatureCacheError, match="layer"):
+        cache_features(target, data, [0, 2], tmp_path / "k4", topk=4, progress=False)
+    with pytest.raises(FeatureCacheError, match="top-4 log-probabilities"):
+        FeatureCache(tmp_path / "k4", topk=8)

@@ -385,7 +385,8 @@ def test_unknown_name_and_bad_knobs():
         L.get_loss("d-pace")
     assert L.get_loss("dpace") is L.dpace
     assert set(L.LOSSES) == {"uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuation",
-                             "dpace_target", "accept_rate", "topk_mask", "dpakl", "l2r", "auf", "auf_decay"}
+                             "dpace_target", "accept_rate", "topk_mask", "dpakl", "l2r", "auf", "auf_decay",
+                             "kl", "kl_decay"}
     for bad, hint in ((dict(alpha=1.5), r"\[0, 1\]"), (dict(gamma=0.0), "positive"), (dict(topk=0), ">= 1"),
                       (dict(alpha_f=-1.0), ">= 0"), (dict(alpha_c=-1.0), ">= 0"), (dict(l2r_gamma=-2.0), "positive"),
                       (dict(normalisation="batch"), "weights"), (dict(chunk_rows=0), "positive")):
@@ -396,3 +397,156 @@ def test_unknown_name_and_bad_knobs():
         L.decay(logits, labels[:, :3], mask)
     with pytest.raises(ValueError, match="mask out padding"):
         L.decay(logits, torch.full_like(labels, -100), mask)
+
+
+# ------------------------------------------------------------------ soft targets from the cached top-k
+
+
+def soft(ids, probs, tail):
+    """TopKTargets from probabilities (N, K, k) and tail masses (N, K)."""
+    return L.TopKTargets(torch.as_tensor(ids), torch.as_tensor(probs).float().log(),
+                         torch.as_tensor(tail).float().log())
+
+
+def full_targets(target_logits):
+    """The whole distribution as 'top-V' targets: no tail."""
+    log_p = torch.log_softmax(target_logits, -1)
+    top, ids = log_p.sort(-1, descending=True)
+    return L.TopKTargets(ids, top, torch.full(top.shape[:2], float("-inf")))
+
+
+def test_topk_cross_entropy_hand_worked():
+    # one slot, V = 4: q = (0.4, 0.3, 0.2, 0.1); the target keeps tokens 1 and 0 with p = 0.5, 0.3, tail 0.2
+    q = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    logits = q.log().reshape(1, 1, 4).requires_grad_()
+    targets = soft([[[1, 0]]], [[[0.5, 0.3]]], [[0.2]])
+    c, kl_slot = L.topk_cross_entropy(logits, targets, torch.ones(1, 1))
+    q_rest = 0.2 + 0.1  # the draft's mass outside the kept tokens
+    expected_c = -(0.5 * math.log(0.3) + 0.3 * math.log(0.4) + 0.2 * math.log(q_rest))
+    expected_kl = 0.5 * math.log(0.5 / 0.3) + 0.3 * math.log(0.3 / 0.4) + 0.2 * math.log(0.2 / q_rest)
+    assert c.item() == pytest.approx(expected_c, abs=1e-6) and kl_slot.item() == pytest.approx(expected_kl, abs=1e-6)
+    c.sum().backward()
+    # ∂C/∂x_v = q_v − p_v on kept tokens, q_v − T q_v / Q_rest on the others
+    expected_grad = [0.4 - 0.3, 0.3 - 0.5, 0.2 - 0.2 * 0.2 / 0.3, 0.1 - 0.2 * 0.1 / 0.3]
+    torch.testing.assert_close(logits.grad.flatten(), torch.tensor(expected_grad), rtol=0, atol=1e-6)
+
+
+def test_topk_cross_entropy_matches_a_plain_autograd_reference():
+    logits, labels, mask, target = random_batch()
+    k = 3
+    log_p = torch.log_softmax(target, -1)
+    top, ids = log_p.topk(k, -1)
+    tail = log_p.scatter(-1, ids, float("-inf")).logsumexp(-1)
+    a = logits.clone().requires_grad_()
+    c, _ = L.topk_cross_entropy(a, L.TopKTargets(ids, top, tail), mask, chunk_rows=5)
+    b = logits.clone().requires_grad_()
+    log_q = torch.log_softmax(b, -1)
+    log_q_rest = log_q.scatter(-1, ids, float("-inf")).logsumexp(-1)
+    reference = -((top.exp() * log_q.gather(-1, ids)).sum(-1) + tail.exp() * log_q_rest) * mask
+    torch.testing.assert_close(c, reference.detach(), rtol=0, atol=1e-5)
+    (c * torch.arange(1.0, 6.0)).sum().backward()
+    (reference * torch.arange(1.0, 6.0)).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-5)
+
+
+def test_top_v_targets_give_the_exact_kl_and_online_logits_agree():
+    logits, labels, mask, target = random_batch()
+    exact = (torch.softmax(target, -1) * (torch.log_softmax(target, -1) - torch.log_softmax(logits, -1))).sum(-1)
+    exact = exact * mask
+    for terms in (L.kl(logits, labels, mask, soft_targets=full_targets(target)),
+                  L.kl(logits, labels, mask, target_logits=target)):
+        assert terms.num.item() == pytest.approx(exact.sum().item(), abs=1e-4)
+        assert terms.den.item() == mask.sum().item()  # uniform weights, "weights" normalisation
+    # the same for D-PAKL: cached top-V = online logits
+    cached = L.dpakl(logits, labels, mask, soft_targets=full_targets(target), num_sequences=2)
+    online = L.dpakl(logits, labels, mask, target_logits=target, num_sequences=2)
+    assert cached.num.item() == pytest.approx(online.num.item(), abs=1e-4) and cached.den == online.den
+
+
+def test_bucketed_kl_is_between_zero_and_the_full_kl():
+    logits, labels, mask, target = random_batch(masked=False)
+    full = L.kl(logits, labels, mask, target_logits=target).extras["kl_per_position"]
+    for k in (1, 2, 5):
+        log_p = torch.log_softmax(target, -1)
+        top, ids = log_p.topk(k, -1)
+        tail = log_p.scatter(-1, ids, float("-inf")).logsumexp(-1)
+        _, per_slot = L.topk_cross_entropy(logits, L.TopKTargets(ids, top, tail), mask)
+        assert (per_slot >= -1e-6).all()
+        assert (per_slot.mean(0) <= full + 1e-5).all()
+    # a draft equal to the target has KL 0 whatever k
+    _, same = L.topk_cross_entropy(target, L.TopKTargets(ids, top, tail), mask)
+    assert same.abs().max() < 1e-5
+
+
+def test_kl_decay_weights_and_fp16_cache_renormalisation():
+    logits, labels, mask, target = random_batch()
+    log_p = torch.log_softmax(target, -1)
+    top, ids = log_p.topk(4, -1)
+    tail = log_p.scatter(-1, ids, float("-inf")).logsumexp(-1)
+    exact = L.TopKTargets(ids, top, tail)
+    rounded = L.TopKTargets(ids, top.half().float(), tail.half().float())  # as stored in fp16
+    p, t = rounded.buckets()
+    torch.testing.assert_close(p.sum(-1) + t, torch.ones_like(t))  # renormalised to exactly 1
+    a = L.kl(logits, labels, mask, soft_targets=exact).value()
+    b = L.kl(logits, labels, mask, soft_targets=rounded).value()
+    assert a.item() == pytest.approx(b.item(), abs=5e-3)
+    w = L.decay_weights(5, L.default_gamma(6))
+    _, per_slot = L.topk_cross_entropy(logits, exact, mask)
+    terms = L.kl_decay(logits, labels, mask, soft_targets=exact)
+    assert terms.num.item() == pytest.approx((w * per_slot * mask).sum().item(), abs=1e-5)
+    assert terms.den.item() == pytest.approx((w * mask).sum().item(), abs=1e-6)
+
+
+def test_unused_entries_and_an_empty_tail_are_handled():
+    # Entry 2 is unused (−inf: a token outside a reduced draft vocabulary, folded into the tail).
+    q = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    logits = q.log().reshape(1, 1, 4).requires_grad_()
+    targets = L.TopKTargets(torch.tensor([[[1, 0, 0]]]), torch.tensor([[[0.5, 0.3, 0.0]]]).log(),
+                            torch.tensor([[0.2]]).log())
+    c, _ = L.topk_cross_entropy(logits, targets, torch.ones(1, 1))
+    assert c.item() == pytest.approx(-(0.5 * math.log(0.3) + 0.3 * math.log(0.4) + 0.2 * math.log(0.3)), abs=1e-6)
+    # all mass kept (tail −inf): no NaN from 0 · log 0, value and gradient finite
+    whole = L.TopKTargets(torch.tensor([[[0, 1, 2, 3]]]), torch.tensor([[[0.25] * 4]]).log(),
+                          torch.tensor([[float("-inf")]]))
+    c, kl_slot = L.topk_cross_entropy(logits, whole, torch.ones(1, 1))
+    c.sum().backward()
+    assert torch.isfinite(c).all() and torch.isfinite(logits.grad).all()
+    assert kl_slot.item() == pytest.approx(sum(0.25 * math.log(0.25 / x) for x in q.tolist()), abs=1e-6)
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        L.topk_cross_entropy(logits, L.TopKTargets(torch.tensor([[[7, 0]]]), torch.zeros(1, 1, 2),
+                                                   torch.zeros(1, 1)), torch.ones(1, 1))
+
+
+def test_ce_with_dpace_weights_plus_kl_is_a_sum_of_named_terms():
+    logits, labels, mask, target = random_batch()
+    log_p = torch.log_softmax(target, -1)
+    top, ids = log_p.topk(3, -1)
+    targets = L.TopKTargets(ids, top, log_p.scatter(-1, ids, float("-inf")).logsumexp(-1))
+    fn = L.compose({"dpace": 1.0, "kl": 0.5})
+    terms = fn(logits, labels, mask, soft_targets=targets, num_sequences=2)  # dpace never sees soft_targets
+    dpace = L.dpace(logits, labels, mask, num_sequences=2)
+    kl_terms = L.kl(logits, labels, mask, soft_targets=targets)
+    assert terms.den == dpace.den
+    assert terms.value().item() == pytest.approx((dpace.value() + 0.5 * kl_terms.value()).item(), abs=1e-5)
+    assert L.call_loss(L.dpace, logits, labels, mask, soft_targets=targets, num_sequences=2).num == dpace.num
+    with pytest.raises(ValueError, match="soft_targets"):
+        L.kl(logits, labels, mask)
+
+
+def test_soft_padding_slots_never_contribute():
+    logits, labels, mask, target = random_batch()
+    log_p = torch.log_softmax(target, -1)
+    top, ids = log_p.topk(3, -1)
+    tail = log_p.scatter(-1, ids, float("-inf")).logsumexp(-1)
+    m = mask.bool()
+    logits2, top2 = logits.clone(), top.clone()
+    logits2[~m] = torch.randn_like(logits2[~m]) * 10
+    top2[~m] = float("nan")
+    grads = []
+    for lg, tp in ((logits, top), (logits2, top2)):
+        lg = lg.clone().requires_grad_()
+        terms = L.kl(lg, labels, mask, soft_targets=L.TopKTargets(ids, tp, tail))
+        terms.num.backward()
+        grads.append((terms.num.detach(), lg.grad))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-6)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-6) and torch.all(grads[0][1][~m] == 0)

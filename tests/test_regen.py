@@ -106,6 +106,22 @@ def test_sampling_and_cli(tiny_folder, tmp_path, capsys):
     assert all(r["temperature"] == 0.8 for r in rows(out)) and len(rows(out)) == 3
 
 
+def test_cli_without_out_writes_under_blockdraft_home_and_resumes(tiny_folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_HOME", str(tmp_path / "home"))
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"id": p.id, "prompt": p.turns[0]}) + "\n" for p in prompts(3)))
+    parser = build_parser()
+    command = ["regen", "--target", str(tiny_folder), "--prompts", str(source), "--max-new-tokens", "4",
+               "--batch-size", "2", "--dtype", "fp32"]
+    args = parser.parse_args(command + ["--n", "2"])
+    assert args.func(args) == 0
+    out = tmp_path / "home" / "regen" / f"{tiny_folder.name.lower()}-prompts.jsonl-t0-m4.jsonl"
+    assert str(out) in capsys.readouterr().err and len(rows(out)) == 2
+    args = parser.parse_args(command + ["--n", "3"])  # the same command, more rows: it resumes that file
+    assert args.func(args) == 0
+    assert "1 rows written" in capsys.readouterr().out and len(rows(out)) == 3
+
+
 @pytest.mark.real_assets
 def test_real_regen_small(tmp_path):
     prompt = Prompt("q", ("Write a Python function that reverses a string.",), "test")

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_generate(sub)
     train.add_init_drafter(sub)
     train.add_train(sub)
+    train.add_cache_features(sub)
     run.add_demo(sub)
     data.add_assets(sub)
     data.add_regen(sub)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import deadline, set_threads
 
@@ -61,6 +62,12 @@ def cmd_regen(args: argparse.Namespace) -> int:
     from ..data.regen import regen, training_prompts
 
     set_threads(args.threads)
+    if args.out is None:
+        from ..runs import default_regen_path
+
+        args.out = str(default_regen_path(args.target, args.prompts, args.temperature, args.max_new_tokens))
+        print(f"regen: writing to {args.out} (--out not given: under $BLOCKDRAFT_HOME; the same command resumes "
+              f"it; train with data={args.out})", file=sys.stderr)
     stats = regen(args.target, training_prompts(args.prompts), args.n, args.out, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
                   max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype, deadline=deadline(args.max_minutes))
@@ -101,7 +108,8 @@ def add_regen(sub) -> None:
     parser.add_argument("--prompts", default="sharegpt", help="'sharegpt', 'sharegpt-code' (programming prompts "
                         "only) or a JSONL file of prompts")
     parser.add_argument("--n", type=int, required=True, help="number of conversations in the output file")
-    parser.add_argument("--out", required=True, help="JSONL file to append to (resumed if it exists)")
+    parser.add_argument("--out", default=None, help="JSONL file to append to (resumed if it exists); default: "
+                        "$BLOCKDRAFT_HOME/regen/<target>-<prompts>-t<temperature>-m<max new tokens>.jsonl")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward (left padded)")

@@ -247,3 +247,72 @@ def add_local_heads(sub) -> None:
     p.add_argument("--max-length", type=int, default=3072)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_train_fusion_weights)
+
+
+def cmd_cache_features(args: argparse.Namespace) -> int:
+    from ..train.config import TrainConfig
+    from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.config:
+        config = TrainConfig.load(args.config, args.overrides)
+        flags = [name for name in ("target", "data", "layers", "topk") if getattr(args, name) is not None]
+        if flags:
+            raise ConfigError(f"--config takes the {', '.join(flags)} from the recipe: pass them as field=value "
+                              "overrides (target=..., data=..., target_layer_ids=[..], cache_topk=..)")
+    else:
+        if not args.target or not args.data:
+            raise ConfigError("name the conversations to cache: --config RECIPE.json, or --target and --data")
+        if args.overrides:
+            raise ConfigError(f"field=value overrides ({' '.join(args.overrides)}) go with --config")
+        config = TrainConfig(target=args.target, data=args.data, max_length=args.max_length,
+                             block_size=args.block_size, target_layer_ids=parse_layer_ids(args.layers, "--layers"),
+                             num_layers=args.num_layers, features="cached",
+                             cache_topk=DEFAULT_CACHE_TOPK if args.topk is None else args.topk,
+                             target_dtype=args.dtype, device=args.device)
+    config = dataclasses.replace(config, features="cached")
+    cache, report = build_cache(config, out=args.out, logprob_dtype=LOGPROB_DTYPES[args.logprob_dtype],
+                                report_block_size=args.report_block_size, from_recipe=bool(args.config))
+    print(f"cache-features: {cache.out_dir} holds {len(cache)} sequences, target layers {cache.layer_ids}"
+          + (f", top-{cache.topk_size} log-probabilities" if cache.topk_size else ", no log-probabilities"))
+    if report is not None:
+        histogram = report["labelled_slots_histogram"]
+        three_plus = sum(histogram[3:]) / max(1, report["anchors"])
+        print(f"cache-features: the text equals the target's greedy choice at {report['text_equals_greedy']:.1%} of "
+              f"{report['assistant_tokens']:,} assistant tokens; at B={report['block_size']} an anchor gets "
+              f"{report['mean_labelled_slots']:.2f} prefix_consistent labels on average "
+              f"(consistent prefix {report['mean_consistent_prefix']:.2f}; {three_plus:.0%} of "
+              f"{report['anchors']:,} anchors get 3 or more)")
+        if args.json:
+            print(json.dumps(report))
+    print(f"train with: features=cached feature_cache={cache.out_dir}")
+    return 0
+
+
+def add_cache_features(sub) -> None:
+    from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES
+
+    parser = sub.add_parser(
+        "cache-features", help="teacher-forced pass: cache target features + top-k log-probs of existing text")
+    parser.add_argument("--config", default=None, help="training recipe: cache what its features=cached run reads")
+    parser.add_argument("overrides", nargs="*", metavar="field=value", help="override recipe fields (with --config)")
+    parser.add_argument("--target", default=None, help="model folder or asset name (without --config)")
+    parser.add_argument("--data", default=None, help="ShareGPT-style or regen JSON/JSONL (without --config)")
+    parser.add_argument("--layers", default=None, help="comma-separated target layer ids (default: [N // 2] for one drafter layer, evenly spaced for more)")
+    parser.add_argument("--num-layers", type=int, default=1, help="drafter layers, for the default layer ids")
+    parser.add_argument("--topk", type=int, default=None,
+                        help=f"target log-probabilities kept per position (default {DEFAULT_CACHE_TOPK}; 0 = features "
+                             "only)")
+    parser.add_argument("--logprob-dtype", default="fp16", choices=sorted(LOGPROB_DTYPES))
+    parser.add_argument("--max-length", type=int, default=1024, help="tokens per conversation (as the recipe's)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="the run's block size (conversations shorter than it are dropped, as in training)")
+    parser.add_argument("--report-block-size", type=int, default=None,
+                        help="block size of the consistent-prefix report (default: --block-size)")
+    parser.add_argument("--out", default=None, help="cache folder (default: under $BLOCKDRAFT_HOME/features)")
+    parser.add_argument("--dtype", default="auto", help="target dtype: auto, bf16 or fp32")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", action="store_true", help="also print the consistent-prefix report as JSON")
+    parser.set_defaults(func=cmd_cache_features)

@@ -11,14 +11,17 @@ from typing import Any
 from ..config import ConfigError, check_field_types
 
 FEATURE_MODES = ("online", "cached")
+DEFAULT_CACHE_TOPK = 32
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # what to train on
     target: str  # model folder or asset name
-    data: str  # regenerated JSONL or ShareGPT-style JSON/JSONL
-    out_dir: str
+    data: str  # regenerated JSONL or ShareGPT-style JSON/JSONL (a relative path is also looked up under $BLOCKDRAFT_HOME)
+    # the run folder; None = $BLOCKDRAFT_HOME/runs/<target>-<labels>-<objective>-<hash of the config>, where a
+    # rerun of the same recipe resumes (runs outlive the work tree)
+    out_dir: str | None = None
     max_length: int = 1024  # tokens per conversation after templating
     # the drafter
     drafter_init: str | None = None  # start from this drafter checkpoint instead of a fresh one
@@ -27,8 +30,15 @@ class TrainConfig:
     target_layer_ids: tuple[int, ...] | None = None  # None = DFlash's default spacing
     init_from_target: bool = False  # copy the target layers after the feature layers into the drafter
     draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent supervised tokens); None = full
+    # the labels (docs/distillation.md): "regenerated" = the text's own tokens (the target wrote them); "teacher_forced" =
+    # the target's argmax at each position given the text; "prefix_consistent" = the text while it equals
+    # that argmax, then the argmax at the first disagreement, later slots masked (train/labels.py)
+    labels: str = "regenerated"
     # the objective (losses.py) and its knobs
     objective: str = "dpace"
+    # further named terms added to `objective` with their weights, e.g. {"kl": 0.5}: loss = objective +
+    # 0.5 * kl (losses.compose: `objective` is the primary term and sets the normalisation)
+    objective_terms: dict[str, float] | None = None
     gamma: float | None = None
     alpha: float = 0.5
     topk: int = 3
@@ -59,6 +69,9 @@ class TrainConfig:
     # features, precision, device
     features: str = "online"  # "online": target forward every step; "cached": precomputed once
     feature_cache: str | None = None  # folder of the cached features (default: <out_dir>/features)
+    # top-k target log-probabilities cached beside the features (teacher-forced labels and soft targets read
+    # them); None = 32 when the labels or the objective need them, else 0 (features only)
+    cache_topk: int | None = None
     # "auto": bf16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32;
     # emulated bf16 makes many-token passes several times slower (README, Hardware)
     target_dtype: str = "auto"  # bf16, fp32 or auto
@@ -119,6 +132,60 @@ class TrainConfig:
             raise ConfigError(f"max_length ({self.max_length}) must exceed block_size ({self.block_size})")
         self.loss_knobs()  # validates the knobs
         check_head_config(self)
+        self._check_distillation()
+
+    def _check_distillation(self) -> None:
+        from ..losses import LOSSES, TERMS
+        from .labels import LABEL_POLICIES
+
+        if self.labels not in LABEL_POLICIES:
+            raise ConfigError(f"labels must be one of {LABEL_POLICIES}, got {self.labels!r}")
+        if self.objective_terms is not None:
+            if not isinstance(self.objective_terms, dict) or not self.objective_terms:
+                raise ConfigError(f"objective_terms must be a non-empty object of name: weight, e.g. {{\"kl\": 0.5}}, "
+                                  f"or null; got {self.objective_terms!r}")
+            known = {**LOSSES, **TERMS}
+            for name, weight in self.objective_terms.items():
+                if name not in known:
+                    raise ConfigError(f"objective_terms: unknown term {name!r}; choose from {sorted(known)}")
+                if name == self.objective:
+                    raise ConfigError(f"objective_terms repeats the objective {name!r}, which is already the primary "
+                                      f"term with weight 1; drop it from objective_terms")
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
+                    raise ConfigError(f"objective_terms[{name!r}] must be a number, got {weight!r}")
+            if self.heads:
+                raise ConfigError("objective_terms compose backbone objectives; with heads the head objective "
+                                  f"{self.objective} sets the loss: drop objective_terms or the heads")
+        if self.labels != "regenerated" and self.heads:
+            raise ConfigError(f"labels={self.labels} trains the backbone; head objectives read the text's own "
+                              "tokens: use labels=regenerated with heads")
+        if self.cache_topk is not None and (isinstance(self.cache_topk, bool) or self.cache_topk < 0):
+            raise ConfigError(f"cache_topk must be >= 0 (0 = features only) or null, got {self.cache_topk}")
+        if self.features == "cached" and self.cache_topk == 0 and self.needs_teacher():
+            reason = f"labels={self.labels}" if self.labels != "regenerated" else \
+                f"the soft-target objective(s) {sorted(self.soft_target_terms())}"
+            raise ConfigError(f"{reason} read the target's log-probabilities from the feature cache, and "
+                              "cache_topk=0 caches none: set cache_topk=32 (or null) — into a new feature_cache "
+                              "folder if the present one was written without them")
+
+    def loss_names(self) -> list[str]:
+        """The objective and the added terms, primary first."""
+        return [self.objective, *(self.objective_terms or {})]
+
+    def soft_target_terms(self) -> set[str]:
+        from ..losses import SOFT_TARGET_LOSSES
+
+        return set(self.loss_names()) & SOFT_TARGET_LOSSES
+
+    def needs_teacher(self) -> bool:
+        """Whether training reads the target's judgement of the text: non-regenerated labels or soft targets."""
+        return self.labels != "regenerated" or bool(self.soft_target_terms())
+
+    def resolved_cache_topk(self) -> int:
+        """The k of the cached log-probabilities (`cache_topk`, or 32 / 0 by need)."""
+        if self.cache_topk is not None:
+            return int(self.cache_topk)
+        return DEFAULT_CACHE_TOPK if self.needs_teacher() else 0
 
     def loss_knobs(self):
         from ..losses import LossKnobs
@@ -168,7 +235,9 @@ class TrainConfig:
         the data is matched by its content (`check_same_data`), not its path."""
         free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
                 "eval_anchors", "out_dir", "data", "feature_cache"}
-        return {k: v for k, v in self.to_dict().items() if k not in free}
+        # Fields added after runs were already saved are left out at their defaults, so those runs resume.
+        later = {"labels": "regenerated", "objective_terms": None, "cache_topk": None}
+        return {k: v for k, v in self.to_dict().items() if k not in free and not (k in later and v == later[k])}
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:

@@ -1,14 +1,23 @@
-"""Cached target features: the selected layers' hidden states, computed once into a memory-mapped file.
+"""Cached target features (and the target's top-k log-probabilities), computed once into memory-mapped files.
 
 Training runs the frozen target over every sequence at every step (online, the default). When the same
 sequences are seen many times — CPU runs, comparing objectives on one data set — `cache_features`
-computes them once and `FeatureCache` reads them back without copying.
+computes them once and `FeatureCache` reads them back without copying. With `topk=k > 0` the same pass
+also keeps the target's judgement of every position of the text (teacher forcing): its k most likely next
+tokens with their log-probabilities and the log of the mass left outside them. That is what the label
+policies `teacher_forced` / `prefix_consistent` and the soft-target objectives read, so existing text
+trains a drafter without regenerating it (docs/distillation.md).
 
 `out_dir` holds:
-  features.bin  every sequence's features back to back, (total_tokens, F) with F = len(layer_ids) * hidden,
-                as raw bf16 bits (uint16), or fp16 / fp32
-  index.json    offsets and lengths in tokens, layer ids, hidden size, dtype, target name, the data set's
-                fingerprint, `done` (sequences written and flushed) and `complete`
+  features.bin       every sequence's features back to back, (total_tokens, F) with F = len(layer_ids) * hidden,
+                     as raw bf16 bits (uint16), or fp16 / fp32
+  topk_ids.bin       (topk > 0) (total_tokens, k) int32: row t = the target's k most likely tokens for
+                     position t + 1 given tokens <= t, most likely first
+  topk_logprobs.bin  (topk > 0) (total_tokens, k + 1) fp16 or fp32: their log-probabilities, then
+                     log(1 - sum of the k probabilities) (the tail, -inf when k is the whole vocabulary)
+  index.json         offsets and lengths in tokens, layer ids, hidden size, dtype, topk, target name and
+                     shape, the data set's fingerprint, `done` (sequences written and flushed) and `complete`
+Disk per token: F * itemsize(dtype) + k * 4 + (k + 1) * itemsize(logprob_dtype) bytes.
 The index is rewritten atomically after every flush, so a killed run resumes at its first unflushed
 sequence and a finished cache is marked complete.
 """
@@ -20,6 +29,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -33,12 +43,18 @@ from ..files import write_json_atomic
 
 FORMAT = "blockdraft-features/1"
 INDEX_FILE, DATA_FILE = "index.json", "features.bin"
+TOPK_IDS_FILE, TOPK_LOGPROBS_FILE = "topk_ids.bin", "topk_logprobs.bin"
 STORAGE = {torch.bfloat16: ("bfloat16", np.uint16), torch.float16: ("float16", np.float16),
            torch.float32: ("float32", np.float32)}  # torch dtype -> (name in the index, numpy storage)
 TORCH_DTYPES = {name: dtype for dtype, (name, _) in STORAGE.items()}
 DISK_MARGIN_BYTES = 64 << 20
-# Fields that must match for a resumed run to append to an existing cache.
-IDENTITY = ("format", "target", "layer_ids", "hidden_size", "dtype", "fingerprint", "lengths")
+LOGPROB_STORAGE = {torch.float16: ("float16", np.float16), torch.float32: ("float32", np.float32)}
+LOGPROB_DTYPES = {name: dtype for dtype, (name, _) in LOGPROB_STORAGE.items()}
+# Fields that must match for a resumed run to append to an existing cache (`topk` 0 = no log-probs;
+# indexes written before log-probs existed have no such field and mean 0).
+IDENTITY = ("format", "target", "target_shape", "layer_ids", "hidden_size", "dtype", "topk", "logprob_dtype",
+            "fingerprint", "lengths")
+_ABSENT = {"topk": 0, "logprob_dtype": None, "target_shape": None}
 
 
 class FeatureCacheError(ConfigError):
@@ -70,11 +86,54 @@ def _write_index(out_dir: Path, index: dict) -> None:
 
 def _check_identity(index: dict, expected: dict, out_dir: Path) -> None:
     for key in IDENTITY:
-        if index.get(key) != expected[key]:
+        have = index.get(key, _ABSENT.get(key))
+        if key == "target_shape" and have is None:
+            continue  # an index from before target shapes were recorded: the name still has to match
+        if have != expected[key]:
+            if key == "topk" and not have:
+                raise FeatureCacheError(f"{out_dir} was written without the target's log-probabilities (topk=0); "
+                                        f"teacher-forced labels and soft targets need topk={expected[key]}: cache "
+                                        f"into another folder (feature_cache=..., or `blockdraft cache-features "
+                                        f"--topk {expected[key]} --out NEW`) or delete this one (nothing was "
+                                        f"overwritten)")
             shown = (lambda v: f"{len(v)} sequences" if isinstance(v, list) and len(v) > 8 else repr(v))
-            raise FeatureCacheError(f"{out_dir} holds features made with {key}={shown(index.get(key))}, not "
+            raise FeatureCacheError(f"{out_dir} holds features made with {key}={shown(have)}, not "
                                     f"{shown(expected[key])}; use another out_dir or delete this one (nothing was "
                                     f"overwritten)")
+
+
+def target_shape(target) -> dict:
+    """What a cache's rows depend on besides the name: a cache of the 1.5B is refused for the 0.5B,
+    which shares its tokenizer (and so the data set's fingerprint)."""
+    return {"num_layers": int(target.num_layers), "hidden_size": int(target.hidden_size),
+            "vocab_size": int(target.vocab_size)}
+
+
+def bytes_per_token(num_features: int, dtype: torch.dtype, topk: int = 0,
+                    logprob_dtype: torch.dtype = torch.float16) -> int:
+    """Disk per cached token: the features, plus k int32 ids and k + 1 log-probabilities when topk = k > 0."""
+    size = num_features * np.dtype(STORAGE[dtype][1]).itemsize
+    if topk:
+        size += topk * 4 + (topk + 1) * np.dtype(LOGPROB_STORAGE[logprob_dtype][1]).itemsize
+    return size
+
+
+@torch.no_grad()
+def topk_log_probs(logits: torch.Tensor, k: int, *, chunk_rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (S, V) -> ids (S, k) int64 most likely first, and log-probs (S, k + 1) float32: the k
+    log-probabilities, then the log of the mass outside them (a log-sum-exp over the rest, so a tail of
+    1e-9 is kept exactly instead of vanishing in 1 - sum; -inf when k = V). Chunked over rows."""
+    ids = torch.empty(logits.shape[0], k, dtype=torch.long, device=logits.device)
+    out = torch.empty(logits.shape[0], k + 1, dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], chunk_rows):
+        x = logits[start:start + chunk_rows].float()  # (r, V)
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # (r, 1)
+        top, top_ids = x.topk(k, dim=-1)  # (r, k), sorted, most likely first
+        rest = x.scatter(1, top_ids, float("-inf"))
+        ids[start:start + chunk_rows] = top_ids
+        out[start:start + chunk_rows, :k] = top - lse
+        out[start:start + chunk_rows, k] = (torch.logsumexp(rest, dim=-1, keepdim=True) - lse).squeeze(1)
+    return ids, out
 
 
 def _is_subset(layer_ids: Sequence[int], cached: Sequence[int] | None) -> bool:
@@ -82,16 +141,28 @@ def _is_subset(layer_ids: Sequence[int], cached: Sequence[int] | None) -> bool:
 
 
 def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: Sequence[int],
-                   out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, flush_seconds: float = 10.0,
+                   out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, topk: int = 0,
+                   logprob_dtype: torch.dtype = torch.float16, flush_seconds: float = 10.0,
                    progress: bool = True) -> "FeatureCache":
     """Run `target` once over each sequence of `dataset` and store the features of `layer_ids`
     (DFlash's convention: layer l = hidden_states[l + 1]) in `out_dir`; resume an interrupted run there.
+    With `topk` = k > 0 also store the target's top-k next-token log-probabilities and tail at every
+    position (module doc).
 
     dataset[i].input_ids (S_i,) -> rows offsets[i] : offsets[i] + S_i of the (total_tokens, F) file.
     Returns the finished cache, opened read-only.
     """
     if dtype not in STORAGE:
         raise FeatureCacheError(f"cannot store features as {dtype}; use torch.bfloat16, torch.float16 or torch.float32")
+    if logprob_dtype not in LOGPROB_STORAGE:
+        raise FeatureCacheError(f"cannot store log-probabilities as {logprob_dtype}; use torch.float16 or "
+                                f"torch.float32")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+        raise FeatureCacheError(f"topk={topk!r}: use 0 (features only) or the number of log-probabilities to keep "
+                                f"per position, e.g. 32")
+    if topk > target.vocab_size:
+        raise FeatureCacheError(f"topk={topk} is larger than the target's vocabulary ({target.vocab_size} tokens); "
+                                f"use a smaller k (32 keeps nearly all of the mass of a chat model)")
     if isinstance(dataset, TokenizedDataset) and dataset.is_shard:
         raise FeatureCacheError("cache the whole data set once, not a shard; ranks read their rows with "
                                 "cache.features(shard.indices[j])")
@@ -101,54 +172,73 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
     lengths = [len(item.input_ids) for item in dataset]
     if not lengths or min(lengths) < 1:
         raise FeatureCacheError("the data set is empty or holds an empty sequence; nothing to cache")
+    if topk and not any(int(item.loss_mask.sum()) for item in dataset):
+        raise FeatureCacheError("the data set has no assistant tokens: nothing in it would be labelled from the "
+                                "target's log-probabilities; check the file's assistant turns and max_length")
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # (n + 1,)
     total_tokens, width = offsets[-1], len(layer_ids) * target.hidden_size
-    header = {"format": FORMAT, "target": target.name, "layer_ids": layer_ids, "hidden_size": target.hidden_size,
-              "num_features": width, "dtype": dtype_name, "fingerprint": fingerprint_of(dataset),
-              "num_sequences": len(lengths), "total_tokens": total_tokens, "lengths": lengths, "offsets": offsets}
+    header = {"format": FORMAT, "target": target.name, "target_shape": target_shape(target), "layer_ids": layer_ids,
+              "hidden_size": target.hidden_size, "num_features": width, "dtype": dtype_name, "topk": topk,
+              "logprob_dtype": LOGPROB_STORAGE[logprob_dtype][0] if topk else None,
+              "fingerprint": fingerprint_of(dataset), "num_sequences": len(lengths), "total_tokens": total_tokens,
+              "lengths": lengths, "offsets": offsets}
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     index = _read_index(out_dir)
-    if index is not None and index.get("complete") and _is_subset(layer_ids, index.get("layer_ids")):
-        # A finished cache of more layers serves any subset of them (the lever study reads one cache).
-        _check_identity(index, {**header, "layer_ids": index["layer_ids"]}, out_dir)
-        print(f"features: {out_dir} is complete and holds layers {index['layer_ids']}; reading {layer_ids}",
-              file=sys.stderr)
-        return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset)
+    if index is not None and index.get("complete") and _is_subset(layer_ids, index.get("layer_ids")) \
+            and (index.get("topk", 0) >= topk > 0 or topk == 0):
+        # A finished cache of more layers (or more log-probs) serves any subset of them (the lever study
+        # reads one cache); features-only runs read a cache with log-probs too.
+        _check_identity(index, {**header, "layer_ids": index["layer_ids"], "topk": index.get("topk", 0),
+                                "logprob_dtype": index.get("logprob_dtype")}, out_dir)
+        print(f"features: {out_dir} is complete and holds layers {index['layer_ids']}"
+              f"{', top-%d log-probs' % index['topk'] if index.get('topk') else ''}; reading {layer_ids}"
+              f"{', top-%d' % topk if topk else ''}", file=sys.stderr)
+        return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
     if index is not None:
         _check_identity(index, header, out_dir)
         if index["complete"]:
             print(f"features: {out_dir} is already complete ({len(lengths)} sequences)", file=sys.stderr)
-            return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset)
+            return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
     done = index["done"] if index is not None else 0
 
-    bytes_per_token = width * np.dtype(storage).itemsize
-    total_bytes = total_tokens * bytes_per_token
-    remaining = (total_tokens - offsets[done]) * bytes_per_token
+    lp_storage = LOGPROB_STORAGE[logprob_dtype][1]
+    per_token = bytes_per_token(width, dtype, topk, logprob_dtype)
+    total_bytes = total_tokens * per_token
+    remaining = (total_tokens - offsets[done]) * per_token
     free = shutil.disk_usage(out_dir).free
-    print(f"features: {len(layer_ids)} layers x {target.hidden_size} hidden x {np.dtype(storage).itemsize} bytes = "
-          f"{bytes_per_token:,} bytes per token; {total_tokens:,} tokens in {len(lengths)} sequences -> "
-          f"{human_bytes(total_bytes)} in {out_dir / DATA_FILE} ({human_bytes(remaining)} still to write, "
+    logprob_text = (f" + top-{topk} log-probs ({topk} x 4 id bytes + {topk + 1} x {np.dtype(lp_storage).itemsize} "
+                    f"bytes)" if topk else "")
+    print(f"features: {len(layer_ids)} layers x {target.hidden_size} hidden x {np.dtype(storage).itemsize} bytes"
+          f"{logprob_text} = {per_token:,} bytes per token; {total_tokens:,} tokens in {len(lengths)} sequences -> "
+          f"{human_bytes(total_bytes)} in {out_dir} ({human_bytes(remaining)} still to write, "
           f"{human_bytes(free)} free)")
     if remaining + DISK_MARGIN_BYTES > free:
         raise FeatureCacheError(f"not enough free disk for the feature cache: it needs {human_bytes(remaining)} more "
-                                f"and {out_dir} has {human_bytes(free)} free; free space, use fewer layer ids or a "
-                                f"shorter max_length, or train with online features")
+                                f"and {out_dir} has {human_bytes(free)} free; free space, use fewer layer ids, a "
+                                f"smaller topk or a shorter max_length, or train with online features")
 
-    data_path = out_dir / DATA_FILE
+    files = {DATA_FILE: (storage, width)}
+    if topk:
+        files.update({TOPK_IDS_FILE: (np.int32, topk), TOPK_LOGPROBS_FILE: (lp_storage, topk + 1)})
     if index is None:
-        with open(data_path, "wb") as stream:
-            stream.truncate(total_bytes)  # sparse: pages take disk as they are written
+        for name, (kind, columns) in files.items():
+            with open(out_dir / name, "wb") as stream:
+                stream.truncate(total_tokens * columns * np.dtype(kind).itemsize)  # sparse until written
         index = {**header, "done": 0, "complete": False}
         _write_index(out_dir, index)
-    elif not data_path.exists() or data_path.stat().st_size != total_bytes:
-        raise FeatureCacheError(f"{data_path} is missing or has the wrong size for its index; delete {out_dir} "
-                                f"and cache again")
-    rows = np.memmap(data_path, dtype=storage, mode="r+", shape=(total_tokens, width))
+    for name, (kind, columns) in files.items():
+        path = out_dir / name
+        if not path.exists() or path.stat().st_size != total_tokens * columns * np.dtype(kind).itemsize:
+            raise FeatureCacheError(f"{path} is missing or has the wrong size for its index; delete {out_dir} "
+                                    f"and cache again")
+    maps = {name: np.memmap(out_dir / name, dtype=kind, mode="r+", shape=(total_tokens, columns))
+            for name, (kind, columns) in files.items()}
 
     def flush() -> None:
-        rows.flush()  # the features reach the disk before the index says they are there
+        for rows in maps.values():
+            rows.flush()  # the rows reach the disk before the index says they are there
         index["done"] = done
         _write_index(out_dir, index)
 
@@ -157,11 +247,18 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
     try:
         for i in range(done, len(lengths)):
             input_ids = dataset[i].input_ids.to(target.device)[None]  # (1, S_i)
+            rows = slice(offsets[i], offsets[i + 1])
             # The online path's own call, so cached features equal online ones up to the storage dtype.
-            features = target.features(input_ids, layer_ids).features[0].to(dtype).contiguous()  # (S_i, F)
+            out = target.features(input_ids, layer_ids, with_logits=True) if topk else \
+                target.features(input_ids, layer_ids)
+            features = out.features[0].to(dtype).contiguous()  # (S_i, F)
             if dtype == torch.bfloat16:
                 features = features.view(torch.uint16)  # numpy has no bf16: store the raw bits
-            rows[offsets[i]:offsets[i + 1]] = features.cpu().numpy()
+            maps[DATA_FILE][rows] = features.cpu().numpy()
+            if topk:
+                ids, log_probs = topk_log_probs(out.logits[0], topk)  # (S_i, k), (S_i, k + 1)
+                maps[TOPK_IDS_FILE][rows] = ids.to(torch.int32).cpu().numpy()
+                maps[TOPK_LOGPROBS_FILE][rows] = log_probs.cpu().numpy().astype(lp_storage)
             done = i + 1
             new_tokens += lengths[i]
             bar.update(1)
@@ -173,20 +270,54 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
         if done > index["done"]:
             flush()  # an interrupted run keeps every sequence it finished
         bar.close()
+    elapsed = time.monotonic() - started
+    if new_tokens:
+        print(f"features: {new_tokens:,} tokens in {elapsed:.1f} s = {new_tokens / max(elapsed, 1e-9):.0f} tok/s",
+              file=sys.stderr)
     index["complete"] = True
     _write_index(out_dir, index)
-    del rows
-    return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset)
+    del maps
+    return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
+
+
+@dataclass(frozen=True)
+class TopKRows:
+    """One sequence's cached teacher-forced judgement; row t is about position t + 1 given tokens <= t."""
+
+    ids: torch.Tensor  # (S, k) int64, most likely first
+    log_probs: torch.Tensor  # (S, k) float32
+    tail_log_mass: torch.Tensor  # (S,) float32: log(1 - sum of the k probabilities); -inf when k = V
+
+    @property
+    def greedy_next(self) -> torch.Tensor:
+        """(S,) the target's argmax for position t + 1 (top-1 of the log-probs)."""
+        return self.ids[:, 0]
+
+    def to(self, device: torch.device | str) -> "TopKRows":
+        return TopKRows(self.ids.to(device), self.log_probs.to(device), self.tail_log_mass.to(device))
+
+
+def _narrow(log_probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S, K + 1) cached log-probs and tail -> the first k of them and the tail of the k (folds the
+    dropped K - k probabilities into it)."""
+    cached_k = log_probs.shape[1] - 1
+    if k == cached_k:
+        return log_probs[:, :k], log_probs[:, k]
+    folded = torch.cat([log_probs[:, k:cached_k], log_probs[:, cached_k:]], dim=1)  # (S, K - k + 1)
+    return log_probs[:, :k], torch.logsumexp(folded, dim=1)
 
 
 class FeatureCache:
-    """A finished feature cache, opened read-only; `features(i)` is sequence i's (1, S_i, F) without a copy.
+    """A finished feature cache, opened read-only; `features(i)` is sequence i's (1, S_i, F) without a copy,
+    `topk(i)` its cached top-k log-probabilities (`TopKRows`) when the cache has them.
 
-    Pass `layer_ids` and `dataset` to refuse a cache made for other layers or other sequences.
+    Pass `layer_ids`, `dataset`, `topk` and `target` to refuse a cache made for other layers, other
+    sequences, without (enough) log-probabilities or by another target.
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, layer_ids: Sequence[int] | None = None,
-                 dataset: Sequence[TokenizedConversation] | None = None, allow_incomplete: bool = False):
+                 dataset: Sequence[TokenizedConversation] | None = None, allow_incomplete: bool = False,
+                 topk: int = 0, target=None):
         self.out_dir = Path(out_dir)
         index = _read_index(self.out_dir)
         if index is None or index.get("format") != FORMAT:
@@ -195,6 +326,12 @@ class FeatureCache:
         if not index["complete"] and not allow_incomplete:
             raise FeatureCacheError(f"{self.out_dir} is unfinished ({index['done']} of {index['num_sequences']} "
                                     f"sequences); run cache_features again with the same arguments to resume it")
+        if target is not None:
+            shape = index.get("target_shape")
+            if index["target"] != target.name or (shape is not None and shape != target_shape(target)):
+                raise FeatureCacheError(f"{self.out_dir} was cached from target {index['target']!r} "
+                                        f"({shape or 'shape not recorded'}), not {target.name!r} "
+                                        f"({target_shape(target)}); cache the features again for this target")
         self.columns: torch.Tensor | None = None  # feature columns read when serving a subset of the layers
         if layer_ids is not None and [int(layer) for layer in layer_ids] != index["layer_ids"]:
             if not _is_subset(layer_ids, index["layer_ids"]):
@@ -208,6 +345,14 @@ class FeatureCache:
             raise FeatureCacheError(f"{self.out_dir} was cached for another data set (fingerprint "
                                     f"{index['fingerprint']}, this one {fingerprint_of(dataset)}): the tokenizer, "
                                     f"max_length or data file differ; cache the features again")
+        self.cached_topk: int = int(index.get("topk", 0))
+        if topk > self.cached_topk:
+            what = "without the target's log-probabilities" if not self.cached_topk else \
+                f"with top-{self.cached_topk} log-probabilities"
+            raise FeatureCacheError(f"{self.out_dir} was written {what}; teacher-forced labels and soft targets "
+                                    f"here need top-{topk}: cache into another folder with topk={topk} (feature_cache"
+                                    f"=NEW, or `blockdraft cache-features --topk {topk} --out NEW`) or delete this one")
+        self.topk_size: int = int(topk) if topk else self.cached_topk  # k served by topk(i)
         self.index = index
         self.layer_ids: list[int] = [int(layer) for layer in layer_ids] if self.columns is not None \
             else index["layer_ids"]
@@ -218,28 +363,48 @@ class FeatureCache:
         self.lengths: list[int] = index["lengths"]
         self.offsets: list[int] = index["offsets"]
         self.done: int = index["done"] if not index["complete"] else len(self.lengths)
-        storage = STORAGE[self.dtype][1]
-        data_path = self.out_dir / DATA_FILE
-        want = index["total_tokens"] * index["num_features"] * np.dtype(storage).itemsize
-        have = data_path.stat().st_size if data_path.is_file() else 0
-        if have < want:
-            raise FeatureCacheError(f"{data_path} holds {have} bytes, its index describes {want}: the cache is "
-                                    f"truncated or damaged; delete {self.out_dir} and cache the features again")
-        # Copy-on-write mapping: pages are shared with the page cache, and a stray in-place write
-        # changes only this process's copy, never the file.
-        self._rows = np.memmap(self.out_dir / DATA_FILE, dtype=storage, mode="c",
-                               shape=(index["total_tokens"], index["num_features"]))
+        files = {DATA_FILE: (STORAGE[self.dtype][1], index["num_features"])}
+        if self.cached_topk:
+            files.update({TOPK_IDS_FILE: (np.int32, self.cached_topk),
+                          TOPK_LOGPROBS_FILE: (LOGPROB_STORAGE[LOGPROB_DTYPES[index["logprob_dtype"]]][1],
+                                               self.cached_topk + 1)})
+        self._maps = {}
+        for name, (kind, columns) in files.items():
+            path = self.out_dir / name
+            want = index["total_tokens"] * columns * np.dtype(kind).itemsize
+            have = path.stat().st_size if path.is_file() else 0
+            if have < want:
+                raise FeatureCacheError(f"{path} holds {have} bytes, its index describes {want}: the cache is "
+                                        f"truncated or damaged; delete {self.out_dir} and cache the features again")
+            # Copy-on-write mapping: pages are shared with the page cache, and a stray in-place write
+            # changes only this process's copy, never the file.
+            self._maps[name] = np.memmap(path, dtype=kind, mode="c", shape=(index["total_tokens"], columns))
+        self._rows = self._maps[DATA_FILE]
 
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def features(self, i: int) -> torch.Tensor:
-        """(1, S_i, F) in the cache's dtype: a view of the mapped file, or a copy of the selected layers' columns."""
+    def _span(self, i: int) -> slice:
         if not 0 <= i < self.done:
             raise IndexError(f"sequence {i} is not in the cache (it holds {self.done} of {len(self)})")
-        rows = torch.from_numpy(self._rows[self.offsets[i]:self.offsets[i + 1]])  # (S_i, F)
+        return slice(self.offsets[i], self.offsets[i + 1])
+
+    def features(self, i: int) -> torch.Tensor:
+        """(1, S_i, F) in the cache's dtype: a view of the mapped file, or a copy of the selected layers' columns."""
+        rows = torch.from_numpy(self._rows[self._span(i)])  # (S_i, F)
         if self.dtype == torch.bfloat16:
             rows = rows.view(torch.bfloat16)
         if self.columns is not None:
             rows = rows[:, self.columns]
         return rows[None]
+
+    def topk(self, i: int) -> TopKRows:
+        """Sequence i's top-k ids (S_i, k), log-probs (S_i, k) and tail (S_i,), float32, k = `topk_size`."""
+        if not self.cached_topk:
+            raise FeatureCacheError(f"{self.out_dir} was written without the target's log-probabilities; cache "
+                                    f"again with topk > 0")
+        span = self._span(i)
+        ids = torch.from_numpy(np.asarray(self._maps[TOPK_IDS_FILE][span])).long()[:, :self.topk_size]
+        log_probs = torch.from_numpy(np.asarray(self._maps[TOPK_LOGPROBS_FILE][span], dtype=np.float32))
+        top, tail = _narrow(log_probs, self.topk_size)
+        return TopKRows(ids.contiguous(), top.contiguous(), tail.contiguous())

@@ -27,7 +27,8 @@ from ..config import ConfigError, default_target_layer_ids
 from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..files import LOCK_NAME, check_out_dir, folder_lock
-from ..losses import LossKnobs, chunked_log_probs_of_labels, dpace_weights, get_loss
+from ..losses import (SOFT_TARGET_LOSSES, LossKnobs, call_loss, chunked_log_probs_of_labels, compose, dpace_weights,
+                      get_loss)
 from ..target import Target, load_target
 from .blocks import build_blocks
 from .checkpoint import TrainingError, check_same_data, latest_checkpoint, load_train_state, save_checkpoint
@@ -35,10 +36,12 @@ from .config import TrainConfig
 from .dspark import head_batch
 from .forward import block_logits
 from .heads import head_terms, step_lambda, training_heads
+from .labels import Teacher, block_soft_targets, greedy_at_positions, policy_labels
 from .schedule import cosine_with_warmup
 from .vocab import coverage, draft_vocabulary
 
 NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl", "dspark_heads"}
+ONLINE_ONLY = NEEDS_TARGET_LOGITS - SOFT_TARGET_LOSSES  # need full target logits; the cache keeps the top-k only
 
 
 @dataclass
@@ -84,24 +87,35 @@ class TrainingData:
 
         if target.tokenizer is None:
             raise ConfigError(f"target {config.target} has no tokenizer: training needs it to template conversations")
-        self.dataset = TokenizedDataset(config.data, target.tokenizer, max_length=config.max_length,
+        from ..runs import find_data
+
+        self.dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
                                         min_length=config.block_size + 1)
         self.target = target
         self.layer_ids = layer_ids
-        self.with_logits = config.objective in NEEDS_TARGET_LOGITS
+        names = set(config.loss_names())
+        # The target's judgement of the text: teacher-forced labels and soft targets.
+        self.labels = config.labels
+        self.needs_teacher = config.needs_teacher()
+        self.soft = bool(config.soft_target_terms())
+        self.with_logits = bool(names & NEEDS_TARGET_LOGITS) or self.needs_teacher
         self.cache = None
         if config.features == "cached":
-            if self.with_logits:
-                raise ConfigError(f"objective {config.objective} needs the target's logits, which the feature cache "
-                                  "does not store; use features=online")
+            online_only = sorted(names & ONLINE_ONLY)
+            if online_only:
+                raise ConfigError(f"objective {', '.join(online_only)} needs the target's full logits, which the "
+                                  "feature cache does not store (it keeps the top-k log-probabilities that kl, "
+                                  "kl_decay and dpakl read); use features=online")
             from .features import FeatureCache, cache_features
 
             folder = Path(config.feature_cache or Path(config.out_dir) / "features")
+            topk = config.resolved_cache_topk()
             if dist_info.is_main:
-                cache_features(target, self.dataset, layer_ids, folder)
+                cache_features(target, self.dataset, layer_ids, folder, topk=topk)
             if dist_info.world_size > 1:
                 dist.barrier()
-            self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset)
+            self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset, topk=topk, target=target)
+            self.with_logits = False
 
         # A seeded split: the held-out conversations never appear in a training batch.
         order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(config.seed + 7919))
@@ -128,6 +142,23 @@ class TrainingData:
         out = self.target.features(input_ids[None], self.layer_ids, with_logits=self.with_logits)
         return input_ids, loss_mask, out.features, out.logits
 
+    def teacher(self, index: int, input_ids: torch.Tensor, target_logits: torch.Tensor | None) -> Teacher | None:
+        """The target's greedy token at every position of sequence `index` and, from a cache, its top-k
+        rows; None when the run needs neither."""
+        if not self.needs_teacher:
+            return None
+        if self.cache is not None:
+            rows = self.cache.topk(index).to(input_ids.device)
+            return Teacher(greedy_at_positions(rows.greedy_next, input_ids[0]), rows)
+        return Teacher(greedy_at_positions(target_logits[0].argmax(-1), input_ids[0]), None)
+
+    def block_labels(self, teacher: Teacher | None, input_ids, loss_mask, anchors, blocks, policy: str | None = None):
+        """The blocks' labels and mask under the run's label policy (or `policy`)."""
+        policy = policy or self.labels
+        if policy == "regenerated":
+            return blocks.labels, blocks.label_mask
+        return policy_labels(policy, input_ids, loss_mask, teacher.greedy, anchors, blocks.labels.shape[1] + 1)
+
 
 def _setup(config: TrainConfig):
     from ..target import pick_device
@@ -151,6 +182,16 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     names are replaced, nothing else is deleted). The run holds a lock on it, so a second trainer
     on the same folder is refused.
     """
+    if config.out_dir is None:
+        import dataclasses
+
+        from ..runs import default_run_dir
+
+        config = dataclasses.replace(config, out_dir=str(default_run_dir(config)))
+        found = latest_checkpoint(Path(config.out_dir))
+        resume = resume or found is not None  # a rerun of the same recipe picks its run up again
+        print(f"train: run folder {config.out_dir} (out_dir not set: under $BLOCKDRAFT_HOME; "
+              f"{'resuming from ' + found.name if found else 'new run'}; the same recipe resumes it)", flush=True)
     device = _setup(config)
     dist_info = Distributed.from_env(device)
     # The run writes its own files into out_dir and never replaces the folder itself; it must not be
@@ -226,12 +267,17 @@ def _train(config: TrainConfig, device: torch.device, dist_info: Distributed, *,
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-    loss_fn = get_loss(config.objective) if headed is None else None
+    loss_fn = None
+    if headed is None:
+        loss_fn = compose({config.objective: 1.0, **config.objective_terms}) if config.objective_terms \
+            else get_loss(config.objective)
     knobs = config.loss_knobs()
     first_slot = drafter.first_predicting_slot
     if dist_info.is_main:
         trains = ("backbone + " if config.train_backbone else "heads on a frozen backbone: ") + ", ".join(heads)
-        print(f"training {config.objective} | target {config.target} | {len(data)} conversations | "
+        terms_text = "".join(f" + {weight:g}*{name}" for name, weight in (config.objective_terms or {}).items())
+        print(f"training {config.objective}{terms_text} on {config.labels} labels | target {config.target} | "
+              f"{len(data)} conversations | "
               f"drafter {drafter.config.num_hidden_layers} layer(s), B={config.block_size}, target layers "
               f"{list(drafter.target_layer_ids)} | {trains if heads else 'backbone'} | device {device}, "
               f"{torch.get_num_threads()} threads, world {dist_info.world_size} | steps "
@@ -278,7 +324,9 @@ def _train(config: TrainConfig, device: torch.device, dist_info: Distributed, *,
                 else:
                     blocks = build_blocks(input_ids, loss_mask, anchors, config.block_size,
                                           drafter.config.mask_token_id)
-                    labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
+                    teacher = data.teacher(index, input_ids, target_logits)
+                    labels, mask = drafter.head.to_draft_labels(
+                        *data.block_labels(teacher, input_ids, loss_mask, anchors, blocks))
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
                         logits = block_logits(wrapped, target, features, blocks, first_slot, drafter.head)  # (n, K, V_draft)
                     t_logits = None
@@ -287,7 +335,13 @@ def _train(config: TrainConfig, device: torch.device, dist_info: Distributed, *,
                         t_logits = target_logits[0, label_pos.clamp(max=target_logits.shape[1] - 1)]
                         if drafter.head.vocab_map is not None:
                             t_logits = t_logits[..., drafter.head.vocab_map.d2t]
-                    terms = loss_fn(logits, labels, mask, target_logits=t_logits, knobs=knobs, num_sequences=1)
+                    soft = None
+                    if data.soft and teacher is not None and teacher.rows is not None:  # the cached top-k
+                        soft = block_soft_targets(teacher.rows, blocks.positions[:, first_slot:],
+                                                  drafter.head.vocab_map, target.vocab_size)
+                    extra = {"soft_targets": soft} if soft is not None else {}
+                    terms = call_loss(loss_fn, logits, labels, mask, target_logits=t_logits, knobs=knobs,
+                                      num_sequences=1, **extra)
                 if not torch.isfinite(terms.num):
                     raise TrainingError(f"step {step}: the loss is {float(terms.num.detach())} (not finite); stopped without "
                                         f"saving. Last good checkpoint: {last_good or 'none'}")
@@ -301,6 +355,9 @@ def _train(config: TrainConfig, device: torch.device, dist_info: Distributed, *,
                 if headed is not None:
                     term_logs.append({k: float(v) for k, v in terms.extras.items()
                                       if v.numel() == 1 and not k.endswith(("/num", "/den"))})
+                elif config.objective_terms:  # each named term's own value num/den
+                    term_logs.append({name: float(terms.extras[f"{name}/num"] / terms.extras[f"{name}/den"].clamp(
+                        min=1e-12)) for name in config.loss_names()})
         dist_info.all_reduce_sum(totals)
         den = float(totals[1])
         if den <= 0:
@@ -382,6 +439,8 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, he
     device = drafter.target.device
     use_autocast = config.autocast(device)
     parts, base_parts, accepted, blocks_seen = [], [], 0.0, 0
+    # On text the target did not write, only prefix-consistent labels are its greedy continuation.
+    eval_policy = "regenerated" if config.labels == "regenerated" else "prefix_consistent"
     for index in data.heldout:
         input_ids, loss_mask, features, target_logits = data.get(index)
         generator = torch.Generator().manual_seed(config.seed + index)
@@ -398,7 +457,9 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, he
                 if config.objective == "domino":
                     base_parts.append(_diagnostics(batch["base_logits"], labels, mask, config.loss_knobs()))
             else:
-                labels, mask = drafter.head.to_draft_labels(blocks.labels, blocks.label_mask)
+                teacher = data.teacher(index, input_ids, target_logits)
+                labels, mask = drafter.head.to_draft_labels(
+                    *data.block_labels(teacher, input_ids, loss_mask, anchors, blocks, eval_policy))
                 logits = block_logits(model, drafter.target, features, blocks, drafter.first_predicting_slot,
                                       drafter.head)
         parts.append(_diagnostics(logits, labels, mask, config.loss_knobs()))
@@ -417,6 +478,9 @@ def evaluate_heldout(model, drafter, data: TrainingData, config: TrainConfig, he
         merged.update(base_accuracy=base["accuracy"], base_per_position_accuracy=base["per_position_accuracy"])
     merged["expected_tau"] = 1.0 + accepted / max(1, blocks_seen)
     merged["blocks"] = blocks_seen
+    if eval_policy != "regenerated":
+        # Acceptance past the first disagreement is unknown (masked), so this tau is a lower bound.
+        merged["labels"] = eval_policy
     return merged
 
 
