@@ -384,3 +384,14 @@ def test_trees_over_headed_drafters_are_lossless(targets, trained):
                 result = blockdraft.generate(target, drafter, prompt, max_new_tokens=32, stop_token_ids=(),
                                              tree_budget=budget)
                 assert result.tokens == plain(target, prompt, 32)
+
+
+def test_keep_chain_trees_accept_at_least_the_chain(targets, trained):
+    """With the argmax chain kept in the tree, a greedy round accepts at least as deep as the chain would."""
+    target, drafter = targets["llama"], trained["llama"]
+    for prompt in prompts(4, seed=123):
+        first = lambda d: blockdraft.generate(target, d, prompt, max_new_tokens=10, stop_token_ids=()).rounds[0]  # noqa: E731
+        chain = first(drafter)
+        for budget in (7, 12, 30):
+            tree = first(TreeDrafter(drafter, budget, keep_chain=True))
+            assert tree.accepted >= chain.accepted and tree.proposed == budget

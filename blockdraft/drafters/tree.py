@@ -11,6 +11,10 @@ proposals are merged into one tree (shared prefixes merged, each node rememberin
 Sources are asked for argmax drafts: the tree walk needs no draft distribution, and a tree that
 collapses to one chain is then verified by the chain rule with a one-hot q, which is exact too.
 
+`keep_chain=True` puts the drafter's argmax chain into the tree first and fills the rest best-first,
+so a greedy round accepts at least as deep as the chain would; on tiny trained drafters it gave the
+same tau as plain DDTree (within noise), so DDTree's own order is the default.
+
 `budget="measured"` picks each round's node count from a verify-cost curve timed on this machine:
 the m best-first nodes are expected to commit 1 + Σ_{i≤m} exp(score_i) tokens (exp(score) being
 the path's probability under the drafter's own marginals), and m maximises that over the round's
@@ -74,7 +78,7 @@ class TreeDrafter:
     def __init__(self, sources: Drafter | Sequence[Drafter], budget: int | str = 32, *,
                  labels: Sequence[str] | None = None, target: Target | None = None,
                  verify_cost: dict[int, float] | Callable[[int], float] | None = None,
-                 max_nodes: int = MEASURED_MAX_NODES):
+                 max_nodes: int = MEASURED_MAX_NODES, keep_chain: bool = False):
         sources = [sources] if not isinstance(sources, (list, tuple)) else list(sources)
         if not sources:
             raise ConfigError("a tree drafter needs at least one source drafter")
@@ -101,6 +105,7 @@ class TreeDrafter:
                 verify_cost = measured_verify_cost(target, max_nodes)
             self.verify_cost = _interpolated(verify_cost)
         self.max_nodes = max_nodes
+        self.keep_chain = keep_chain
         self.last_budget: int | None = None  # nodes the last round was allowed (the chosen m when measured)
 
     def _features_for(self, source: Drafter, features: torch.Tensor | None) -> torch.Tensor | None:
@@ -142,16 +147,44 @@ class TreeDrafter:
         room = builder.budget - len(builder.tokens)
         if room <= 0:
             return
-        tokens, parents, scores = best_first_tree(log_probs, room)
+        tokens, parents, scores = self._ordered_tree(log_probs, room)
         if proposal.logit_token_ids is not None:
             tokens = proposal.logit_token_ids[tokens]
         if self.verify_cost is not None:
             used = len(builder.tokens)
             expected = 1.0 + np.cumsum(np.exp(scores.double().cpu().numpy()))  # (m,) tokens committed
             costs = np.array([draft_s + self.verify_cost(used + m) for m in range(1, len(expected) + 1)])
-            keep = int(np.argmax(expected / costs)) + 1  # a prefix of best-first order is a tree
+            keep = int(np.argmax(expected / costs)) + 1  # every prefix of the order is a tree
             tokens, parents = tokens[:keep], parents[:keep]
         builder.add_tree(tokens.tolist(), parents.tolist(), source)
+
+    def _ordered_tree(self, log_probs: torch.Tensor, room: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The nodes to offer, in an order whose every prefix is a tree: DDTree's best-first order, or with
+        `keep_chain` the argmax chain first (so the tree holds everything the chain would have proposed
+        and, under greedy decoding, accepts at least as deep), then the best-first nodes off the chain."""
+        tokens, parents, scores = best_first_tree(log_probs, room + (log_probs.shape[0] if self.keep_chain else 0))
+        if not self.keep_chain:
+            return tokens, parents, scores
+        chain = log_probs.argmax(-1)  # (k,)
+        chain_scores = log_probs.max(-1).values.cumsum(0)  # (k,) path log-probability of each chain prefix
+        order_tokens, order_parents, order_scores = chain.tolist(), list(range(-1, chain.shape[0] - 1)), chain_scores.tolist()
+        position: list[int] = []  # best-first node -> its index in the new order
+        depth: list[int] = []
+        for node, (token, parent) in enumerate(zip(tokens.tolist(), parents.tolist())):
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+            parent_position = -1 if parent < 0 else position[parent]
+            on_chain = token == order_tokens[depth[node]] and parent_position == depth[node] - 1
+            if on_chain:
+                position.append(depth[node])
+                continue
+            position.append(len(order_tokens))
+            order_tokens.append(token)
+            order_parents.append(parent_position)
+            order_scores.append(float(scores[node]))
+        device = log_probs.device
+        return (torch.tensor(order_tokens[:room], dtype=torch.long, device=device),
+                torch.tensor(order_parents[:room], dtype=torch.long, device=device),
+                torch.tensor(order_scores[:room], dtype=torch.float32, device=device))
 
 
 def _interpolated(curve: dict[int, float] | Callable[[int], float]) -> Callable[[int], float]:
