@@ -60,7 +60,7 @@ class TrainConfig:
     features: str = "online"  # "online": target forward every step; "cached": precomputed once
     feature_cache: str | None = None  # folder of the cached features (default: <out_dir>/features)
     # "auto": bf16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32;
-    # emulated bf16 makes many-token passes several times slower (README, Hardware)
+    # emulated bf16 makes many-token passes several times slower (docs/hardware.md)
     target_dtype: str = "auto"  # bf16, fp32 or auto
     autocast_bf16: bool | str = "auto"  # true, false or auto
     device: str | None = None
