@@ -99,7 +99,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     if not (drafter_dir / "model.safetensors").exists():
         _stage(f"train a DFlash drafter on {conversations} conversations (D-PACE, up to {plan.train_steps} steps, "
                f"{SHARES['train'] * left / 60:.1f} min)", started)
-        # The CPU recipe's levers (docs/studies, training levers): one late target layer (N - 2) and an 8,192-token draft
+        # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
         # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
         config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
                              block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
