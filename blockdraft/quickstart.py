@@ -25,7 +25,7 @@ RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b.json",
 
 @dataclass(frozen=True)
 class Plan:
-    """How much of each stage a budget buys (sized on the 2-core CPU; see README "Quickstart")."""
+    """How much of each stage a budget buys (sized on the 2-core CPU; see docs/hardware.md)."""
 
     train_conversations: int
     regen_tokens: int
@@ -99,7 +99,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     if not (drafter_dir / "model.safetensors").exists():
         _stage(f"train a DFlash drafter on {conversations} conversations (D-PACE, up to {plan.train_steps} steps, "
                f"{SHARES['train'] * left / 60:.1f} min)", started)
-        # The CPU recipe's levers (README, Study): one late target layer (N - 2) and an 8,192-token draft
+        # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
         # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
         config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
                              block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
@@ -217,7 +217,7 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
             lines.append(f"**The drafter trained in this quickstart is slower than plain decoding: {_fmt(speed)}.** "
                          f"A drafter trained for minutes on a CPU has seen a few thousand examples and needs far more."
                          f"{small_text} Train a better one with `blockdraft train --config {recipe}` "
-                         f"(README, section Study).")
+                         f"(docs/studies/README.md).")
     lines.append("")
     verdict = "identical" if lossless["identical"] else "DIFFERENT (please report this)"
     lines.append(f"Float32 losslessness check on {lossless['prompt']} ({lossless['tokens']} tokens): "

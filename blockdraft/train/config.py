@@ -73,7 +73,7 @@ class TrainConfig:
     # them); None = 32 when the labels or the objective need them, else 0 (features only)
     cache_topk: int | None = None
     # "auto": bf16 where the hardware computes it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32;
-    # emulated bf16 makes many-token passes several times slower (README, Hardware)
+    # emulated bf16 makes many-token passes several times slower (docs/hardware.md)
     target_dtype: str = "auto"  # bf16, fp32 or auto
     autocast_bf16: bool | str = "auto"  # true, false or auto
     device: str | None = None
