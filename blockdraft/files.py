@@ -59,6 +59,8 @@ def output_kind(folder: str | Path) -> str | None:
             return "model"
     if (folder / "train_config.json").is_file():
         return "train-run"
+    if folder.is_dir() and {entry.name for entry in folder.iterdir()} - {LOCK_NAME} == {"features"}:
+        return "train-run"  # only the feature cache `blockdraft cache-features --config` built for this run
     results = _read_json(folder / "results.json")
     if isinstance(results, dict) and results.get("schema") == BENCH_SCHEMA:
         return "bench"

@@ -179,6 +179,8 @@ def test_cache_features_command_builds_what_the_run_reads_and_reports_the_prefix
     recipe.write_text(json.dumps(make_config(setup, tmp_path / "recipe_run").to_dict()))
     assert main(["cache-features", "--config", str(recipe), "max_steps=1"]) == 0
     assert json.loads((tmp_path / "recipe_run" / "features" / F.INDEX_FILE).read_text())["topk"] == 8
+    assert main(["train", "--config", str(recipe), "max_steps=1"]) == 0  # the run accepts the folder its cache is in
+    assert (tmp_path / "recipe_run" / "train_config.json").exists()
     assert main(["cache-features", "--config", str(recipe), "--topk", "4"]) == 2  # flags go as overrides
     assert main(["cache-features", "--target", str(model), "--data", str(root / "data.jsonl"), "--topk", "100000",
                  "--max-length", "128", "--block-size", "4", "--dtype", "fp32"]) == 2
