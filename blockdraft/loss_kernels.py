@@ -1,4 +1,4 @@
-"""Memory-bounded cross-entropy kernels behind the objectives in `losses.py`.
+"""Memory-bounded cross-entropy kernels behind the objectives in `blockdraft/losses/`.
 
 Each keeps one float32 logsumexp per slot and recomputes the softmax chunk by chunk in a hand-written
 backward pass, so no (N, K, V) float32 tensor is ever materialised: log q(label) for the hard-label

@@ -47,12 +47,11 @@ def proposals(target, drafter, prompt, sampling) -> list[tuple[torch.Tensor, tor
     return seen
 
 
-def teacher_forced_block(target, drafter, *, proposals: int = 5, seed: int = 9, with_logits: bool = True,
-                         **batch_options):
+def teacher_forced_block(target, drafter, *, proposals: int = 5, seed: int = 9, with_logits: bool = True):
     """Draft one greedy block after a random prompt, then build the teacher-forced head batch of that block
     (labels = the drafted tokens). Returns (proposal, batch): their logits must agree."""
     from blockdraft.config import SamplingConfig
-    from blockdraft.train.dspark import head_batch
+    from blockdraft.train.batch import teacher_forced_batch
 
     ids = prompts(1, seed=seed)[0]
     features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
@@ -61,9 +60,25 @@ def teacher_forced_block(target, drafter, *, proposals: int = 5, seed: int = 9, 
     sequence = torch.cat([ids[0], proposal.tokens])
     out = target.features(sequence[None], drafter.target_layer_ids, with_logits=with_logits)
     with torch.no_grad():
-        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features,
-                           out.logits if with_logits else None, torch.tensor([ids.shape[1] - 1]), **batch_options)
+        batch = teacher_forced_batch(drafter, sequence, torch.ones_like(sequence), out.features,
+                                     torch.tensor([ids.shape[1] - 1]), target_logits=out.logits if with_logits else None,
+                                     train_backbone=False)
     return proposal, batch
+
+
+def headed(backbone, markov=None, confidence=None, *, slot_heads=(), use_markov: bool = True,
+           use_slot_heads: bool = True, confidence_threshold: float = 0.0, **pruning):
+    """A `HeadedDrafter` composed the DSpark way: the Markov head first, then the other slot heads; the
+    pruning rule reads the confidence head (`confidence_threshold`, `verify_cost`, `draft_cost`).
+    use_markov / use_slot_heads = False keep those heads loaded but off."""
+    from blockdraft.drafters.headed import HeadedDrafter
+    from blockdraft.drafters.pruning import Pruning
+
+    heads = ([markov] if markov is not None else []) + list(slot_heads)
+    off = {"markov"} if markov is not None and not use_markov else set()
+    if not use_slot_heads:
+        off |= {head.name for head in slot_heads}
+    return HeadedDrafter(backbone, heads, Pruning(confidence_threshold, confidence=confidence, **pruning), off=off)
 
 
 def assert_same_proposals(target, drafter_a, drafter_b, *, seed: int = 2) -> None:

@@ -199,7 +199,9 @@ def test_dflash_options_switch_heads_and_prune(assets, tmp_path):
 
     from blockdraft.checkpoints import save_headed_drafter
     from blockdraft.drafters.headed import HeadedDrafter
-    from blockdraft.drafters.heads import ConfidenceHead, MarkovHead
+    from blockdraft.drafters.confidence import ConfidenceHead
+    from blockdraft.drafters.markov import MarkovHead
+    from blockdraft.drafters.pruning import Pruning
 
     target = load_target(assets / "target", dtype="fp32")
     backbone = init_drafter(target, num_layers=1, block_size=4, seed=1)
@@ -209,7 +211,7 @@ def test_dflash_options_switch_heads_and_prune(assets, tmp_path):
         markov.markov_w2.weight.normal_(0.0, 2.0)  # a bias that changes the draft
         confidence.proj.weight.zero_()
         confidence.proj.bias.fill_(math.log(0.5 / 0.5))  # c_k = 0.5 everywhere
-    save_headed_drafter(HeadedDrafter(backbone, markov, confidence), tmp_path / "headed")
+    save_headed_drafter(HeadedDrafter(backbone, [markov], Pruning(confidence=confidence)), tmp_path / "headed")
     headed = str(tmp_path / "headed")
     methods = [f"dflash:{headed}", f"dflash:{headed},markov=off", f"dflash:{headed},threshold=0.7"]
     out = tmp_path / "run"

@@ -21,7 +21,8 @@ from blockdraft.drafters.headed import HeadedDrafter
 from blockdraft.drafters.heads import SlotHead
 from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig
-from blockdraft.train.domino import DOMINO_VARIANTS, domino, domino_lambda
+from blockdraft.losses import DOMINO_VARIANTS, domino
+from blockdraft.train.schedule import domino_lambda
 from blockdraft.train.loop import train
 from helpers import init_drafter, prompts, teacher_forced_block, tiny_target, trained_drafter, write_chat_jsonl
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
@@ -70,14 +71,14 @@ def test_greedy_with_domino_head_equals_plain_greedy(target, block_size, reduced
     backbone = init_drafter(target, num_layers=1, block_size=block_size, seed=block_size,
                             draft_vocab=REDUCED_VOCAB if reduced else None)
     head = random_domino(backbone, seed=block_size)
-    drafter = HeadedDrafter(backbone, slot_heads=[head])
+    drafter = HeadedDrafter(backbone, [head])
     for prompt in prompts(3, seed=block_size):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=())
         assert result.tokens == plain(target, prompt, 40)
         assert all(1 <= r.proposed <= block_size - 1 for r in result.rounds[:-1])
-    # The residual changes what is drafted; use_slot_heads=False drafts with the backbone alone.
+    # The residual changes what is drafted; off={"domino"} drafts with the backbone alone.
     prompt = prompts(1, seed=50)[0]
-    off = HeadedDrafter(backbone, slot_heads=[head], use_slot_heads=False)
+    off = HeadedDrafter(backbone, [head], off={"domino"})
     assert any(not torch.equal(a, b) for a, b in zip(drafted(target, drafter, prompt), drafted(target, off, prompt)))
     if reduced:
         assert all(bool(torch.isin(t, REDUCED_VOCAB).all()) for t in drafted(target, drafter, prompt))
@@ -85,7 +86,7 @@ def test_greedy_with_domino_head_equals_plain_greedy(target, block_size, reduced
 
 def test_trained_backbone_with_head_accepts_and_stays_lossless(target):
     backbone = trained_drafter(target, block_size=8, steps=60)
-    drafter = HeadedDrafter(backbone, slot_heads=[random_domino(backbone, seed=4, scale=0.05)])
+    drafter = HeadedDrafter(backbone, [random_domino(backbone, seed=4, scale=0.05)])
     accepted = 0
     for prompt in prompts(3, seed=7):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=48, stop_token_ids=())
@@ -99,7 +100,7 @@ def test_sampling_with_domino_head_matches_target_distribution():
     small = make_target()
     sampling = SamplingConfig(temperature=1.0)
     backbone = init_drafter(small, num_layers=1, block_size=3, draft_vocab=torch.tensor([0, 2, 3, 5, 6]))
-    drafter = HeadedDrafter(backbone, slot_heads=[random_domino(backbone, seed=2, scale=2.0)])
+    drafter = HeadedDrafter(backbone, [random_domino(backbone, seed=2, scale=2.0)])
     counts = draw(small, drafter, sampling, DRAWS)
     assert chi_square_p(counts, exact_joint(small, sampling), DRAWS) > 1e-3
 
@@ -109,7 +110,7 @@ def test_fresh_head_drafts_as_its_backbone(target):
     head = DominoHead.for_backbone(backbone, gru_size=24, rank=12)
     assert torch.count_nonzero(head.up_proj.weight) == 0
     prompt = prompts(1, seed=2)[0]
-    with_head = drafted(target, HeadedDrafter(backbone, slot_heads=[head]), prompt)
+    with_head = drafted(target, HeadedDrafter(backbone, [head]), prompt)
     alone = drafted(target, backbone, prompt)
     assert len(with_head) == len(alone) and all(torch.equal(a, b) for a, b in zip(with_head, alone))
 
@@ -118,8 +119,8 @@ def test_fresh_head_drafts_as_its_backbone(target):
 def test_teacher_forced_equals_the_drafting_loop(target, reduced):
     backbone = init_drafter(target, block_size=6, seed=3, draft_vocab=REDUCED_VOCAB if reduced else None)
     head = random_domino(backbone, seed=3)
-    drafter = HeadedDrafter(backbone, slot_heads=[head])
-    proposal, batch = teacher_forced_block(target, drafter, with_logits=False, with_base=True)
+    drafter = HeadedDrafter(backbone, [head])
+    proposal, batch = teacher_forced_block(target, drafter, with_logits=False)
     torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
     assert batch["target_logits"] is None and batch["mask"].all()
     assert not torch.allclose(batch["base_logits"], batch["draft_logits"])
@@ -205,7 +206,7 @@ def test_lambda_anneals_linearly_from_one_to_zero():
 def test_save_load_round_trip(target, tmp_path):
     backbone = init_drafter(target, num_layers=1, block_size=5, seed=6, draft_vocab=REDUCED_VOCAB)
     head = random_domino(backbone, seed=6)
-    drafter = HeadedDrafter(backbone, slot_heads=[head])
+    drafter = HeadedDrafter(backbone, [head])
     save_headed_drafter(drafter, tmp_path / "d")
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["heads"] == {"domino": head.describe()}
@@ -278,11 +279,11 @@ def test_bad_input_gets_clear_errors(target, chat, tmp_path):
     backbone = init_drafter(target, num_layers=1, block_size=4)
     reduced = init_drafter(target, num_layers=1, block_size=4, draft_vocab=REDUCED_VOCAB)
     with pytest.raises(ConfigError, match="draft vocabulary"):
-        HeadedDrafter(reduced, slot_heads=[DominoHead.for_backbone(backbone)])
+        HeadedDrafter(reduced, [DominoHead.for_backbone(backbone)])
     with pytest.raises(ConfigError, match="hidden size"):
-        HeadedDrafter(backbone, slot_heads=[DominoHead(256, 256, 64, 48)])
+        HeadedDrafter(backbone, [DominoHead(256, 256, 64, 48)])
     with pytest.raises(ConfigError, match="embeddings"):
-        HeadedDrafter(backbone, slot_heads=[DominoHead(256, 256, 80, 64)])
+        HeadedDrafter(backbone, [DominoHead(256, 256, 80, 64)])
     with pytest.raises(ConfigError, match="positive integer"):
         DominoHead(256, 256, 64, 64, rank=0)
     with pytest.raises(RuntimeError, match="not bound"):

@@ -21,11 +21,15 @@ from blockdraft.checkpoints import (import_dspark, load_drafter, load_drafter_mo
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
 from blockdraft.drafters.headed import HeadedDrafter
-from blockdraft.drafters.heads import ConfidenceHead, MarkovHead, SlotHead
+from blockdraft.drafters.confidence import ConfidenceHead
+from blockdraft.drafters.heads import SlotHead
+from blockdraft.drafters.markov import MarkovHead
 from blockdraft.drafters.pruning import cost_aware_length
 from blockdraft.eval.verify_cost import measure_verify_cost
-from blockdraft.train.dspark import dspark_heads, head_batch, train_heads
-from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
+from blockdraft.losses import dspark_heads
+from blockdraft.train.batch import teacher_forced_batch
+from blockdraft.train.quick import train_heads
+from helpers import (assert_same_proposals, headed, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
@@ -75,7 +79,7 @@ def trained(target):
     """A quick-fit backbone with heads trained on it (the train_heads test checks the loss fell)."""
     backbone = trained_drafter(target, block_size=8)
     markov, confidence = MarkovHead(target.vocab_size, RANK), ConfidenceHead(target.hidden_size, RANK)
-    drafter = HeadedDrafter(backbone, markov, confidence)
+    drafter = headed(backbone, markov, confidence)
     losses = train_heads(drafter, own_text(target), steps=120, lr=1e-2, num_anchors=32)
     return drafter, losses
 
@@ -89,7 +93,7 @@ def test_greedy_with_markov_head_equals_plain_greedy(target, variant, block_size
     backbone = init_drafter(target, num_layers=1, block_size=block_size, seed=block_size)
     markov, confidence = random_heads(target, variant, seed=block_size)
     for threshold in (0.0, 0.5):
-        drafter = HeadedDrafter(backbone, markov, confidence, confidence_threshold=threshold)
+        drafter = headed(backbone, markov, confidence, confidence_threshold=threshold)
         for prompt in prompts(3, seed=block_size):
             result = blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=())
             assert result.tokens == plain(target, prompt, 40)
@@ -103,9 +107,9 @@ def test_trained_heads_are_lossless_and_accept(target, trained):
         reference = plain(target, prompt, 64)
         for options in ({}, {"use_markov": False}, {"confidence_threshold": 0.3},
                         {"verify_cost": [1.0 + 0.1 * k for k in range(8)], "draft_cost": 1.0}):
-            headed = HeadedDrafter(drafter.backbone, drafter.markov, drafter.confidence, **options)
+            composed = headed(drafter.backbone, drafter.heads()["markov"], drafter.pruning.confidence, **options)
             for k in (3, 7):
-                result = blockdraft.generate(target, headed, prompt, max_new_tokens=64, stop_token_ids=(),
+                result = blockdraft.generate(target, composed, prompt, max_new_tokens=64, stop_token_ids=(),
                                              num_proposals=k)
                 assert result.tokens == reference
                 accepted += sum(r.accepted for r in result.rounds)
@@ -116,7 +120,7 @@ def test_dspark_layout_with_heads_is_lossless(target):
     backbone = dspark_backbone(target, block_size=7)
     assert backbone.max_proposals == 7  # block 7 = 7 proposals
     markov, confidence = random_heads(target, "rnn", seed=3)
-    drafter = HeadedDrafter(backbone, markov, confidence)
+    drafter = headed(backbone, markov, confidence)
     for prompt in prompts(3, seed=11):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=())
         assert result.tokens == plain(target, prompt, 40)
@@ -141,13 +145,13 @@ def test_threshold_prunes_proposals_and_stays_lossless(target):
     prompt = prompts(1, seed=5)[0]
     reference = plain(target, prompt, 30)
     for c, threshold, expected in ((0.3, 0.5, 1), (0.3, 0.2, 5), (0.9, 0.9, 5), (0.9, 0.95, 1)):
-        drafter = HeadedDrafter(backbone, markov, constant_confidence(target, c), confidence_threshold=threshold)
+        drafter = headed(backbone, markov, constant_confidence(target, c), confidence_threshold=threshold)
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
         assert result.tokens == reference
         assert all(proposed == min(expected, cap) for proposed, cap in proposed_vs_cap(result, 5, 30))
     # Random confidences cut blocks at different depths: some rounds propose fewer than K.
     _, confidence = random_heads(target, seed=4)
-    drafter = HeadedDrafter(backbone, markov, confidence, confidence_threshold=0.5)
+    drafter = headed(backbone, markov, confidence, confidence_threshold=0.5)
     proposed = []
     for prompt in prompts(3, seed=6):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=())
@@ -177,7 +181,7 @@ def test_cost_aware_pruning_uses_the_verify_curve(target):
     confidence = constant_confidence(target, 0.5)
     # c = 0.5 everywhere: expected committed 1.5, 1.75, 1.875, ...; a steep curve keeps 1, a flat one all 5.
     for curve, expected in (([1.0] * 6, 5), ({0: 1.0, 5: 6.0}, 1), (lambda k: 1.0 + 0.2 * k, 2)):
-        drafter = HeadedDrafter(backbone, markov, confidence, verify_cost=curve, draft_cost=0.5)
+        drafter = headed(backbone, markov, confidence, verify_cost=curve, draft_cost=0.5)
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
         assert result.tokens == reference
         assert all(proposed == min(expected, cap) for proposed, cap in proposed_vs_cap(result, 5, 30))
@@ -187,15 +191,15 @@ def test_pruning_without_a_confidence_head_uses_the_peak_draft_probability(targe
     backbone = init_drafter(target, num_layers=1, block_size=6, seed=3)
     prompt = prompts(1, seed=8)[0]
     reference = plain(target, prompt, 30)
-    never, always = HeadedDrafter(backbone, confidence_threshold=1.0), HeadedDrafter(backbone, confidence_threshold=1e-9)
+    never, always = headed(backbone, confidence_threshold=1.0), headed(backbone, confidence_threshold=1e-9)
     for drafter, expected in ((never, 1), (always, 5)):  # a peak probability is < 1 and > 1e-9 for a random drafter
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
         assert result.tokens == reference
         assert all(proposed == min(expected, cap) for proposed, cap in proposed_vs_cap(result, 5, 30))
-    steep = HeadedDrafter(backbone, verify_cost={0: 1.0, 5: 6.0}, draft_cost=0.5)  # a round's cost grows fast
+    steep = headed(backbone, verify_cost={0: 1.0, 5: 6.0}, draft_cost=0.5)  # a round's cost grows fast
     result = blockdraft.generate(target, steep, prompt, max_new_tokens=30, stop_token_ids=())
     assert result.tokens == reference and all(p == min(1, cap) for p, cap in proposed_vs_cap(result, 5, 30))
-    flat = HeadedDrafter(backbone, verify_cost=[1.0] * 6, draft_cost=0.5)  # more proposals never cost more
+    flat = headed(backbone, verify_cost=[1.0] * 6, draft_cost=0.5)  # more proposals never cost more
     result = blockdraft.generate(target, flat, prompt, max_new_tokens=30, stop_token_ids=())
     assert result.tokens == reference and all(p == min(5, cap) for p, cap in proposed_vs_cap(result, 5, 30))
 
@@ -204,7 +208,7 @@ def test_measure_verify_cost_times_the_target(target):
     costs = measure_verify_cost(target, [0, 3, 7], repeats=2, context=16)
     assert set(costs) == {0, 3, 7} and all(t > 0 for t in costs.values())
     backbone = init_drafter(target, num_layers=1, block_size=8)
-    drafter = HeadedDrafter(backbone, *random_heads(target), verify_cost=costs)  # interpolated between ks
+    drafter = headed(backbone, *random_heads(target), verify_cost=costs)  # interpolated between ks
     prompt = prompts(1)[0]
     assert blockdraft.generate(target, drafter, prompt, max_new_tokens=20, stop_token_ids=()).tokens == \
         plain(target, prompt, 20)
@@ -235,7 +239,7 @@ def test_sampling_with_markov_head_matches_target_distribution(small_target, cas
     markov, confidence = random_heads(small_target, variant, seed=2, scale=2.0, out_vocab=out_vocab)
     if case == "linear_own_confidence":  # no confidence head: c_k is the slot's peak draft probability
         confidence, threshold = None, 0.4
-    drafter = HeadedDrafter(backbone, markov, confidence, confidence_threshold=threshold, verify_cost=cost,
+    drafter = headed(backbone, markov, confidence, confidence_threshold=threshold, verify_cost=cost,
                             draft_cost=None if cost is None else 0.2)
     counts = draw(small_target, drafter, sampling, DRAWS)
     assert chi_square_p(counts, exact_joint(small_target, sampling), DRAWS) > 1e-3
@@ -245,7 +249,7 @@ def test_sampled_proposals_carry_markov_corrected_distributions(small_target):
     """q_k handed to the verifier is softmax(U_k + W2 W1[x_{k-1}]) at the drafted previous token."""
     backbone = init_drafter(small_target, num_layers=1, block_size=3)
     markov, _ = random_heads(small_target, seed=5, scale=2.0)
-    drafter = HeadedDrafter(backbone, markov, None)
+    drafter = headed(backbone, markov, None)
     ids = torch.tensor([[1, 4, 2, 7, 3, 5]])
     features = small_target.forward(ids[:, :-1], 0, small_target.new_cache(), drafter.target_layer_ids).features
     drafter.reset(ids[:, :-1], features)
@@ -266,17 +270,17 @@ def test_bad_input_gets_clear_errors(target):
     markov, confidence = random_heads(target)
     for threshold in (-0.1, 1.5, float("nan")):
         with pytest.raises(ConfigError, match="confidence_threshold"):
-            HeadedDrafter(backbone, markov, confidence, confidence_threshold=threshold)
+            headed(backbone, markov, confidence, confidence_threshold=threshold)
     with pytest.raises(ConfigError, match="Markov features"):
-        HeadedDrafter(backbone, None, confidence)
+        headed(backbone, None, confidence)
     with pytest.raises(ConfigError, match="vocabulary"):
-        HeadedDrafter(backbone, MarkovHead(300, RANK), None)
+        headed(backbone, MarkovHead(300, RANK), None)
     with pytest.raises(ConfigError, match="hidden size"):
-        HeadedDrafter(backbone, None, ConfidenceHead(32, 0))
+        headed(backbone, None, ConfidenceHead(32, 0))
     with pytest.raises(ConfigError, match="k = 0..3"):
-        HeadedDrafter(backbone, markov, confidence, verify_cost=[1.0, 1.0])
+        headed(backbone, markov, confidence, verify_cost=[1.0, 1.0])
     with pytest.raises(ConfigError, match="draft_cost"):
-        HeadedDrafter(backbone, markov, confidence, verify_cost=[1.0] * 4, draft_cost=-1.0)
+        headed(backbone, markov, confidence, verify_cost=[1.0] * 4, draft_cost=-1.0)
     with pytest.raises(ConfigError, match="variant"):
         MarkovHead(target.vocab_size, RANK, "lstm")
     with pytest.raises(ConfigError, match="hidden_size"):
@@ -290,7 +294,7 @@ def test_bad_input_gets_clear_errors(target):
 def test_save_load_round_trip_with_heads(target, tmp_path, variant):
     backbone = init_drafter(target, num_layers=1, block_size=5)
     markov, confidence = random_heads(target, variant)
-    drafter = HeadedDrafter(backbone, markov, confidence)
+    drafter = headed(backbone, markov, confidence)
     save_headed_drafter(drafter, tmp_path / "d")
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
@@ -304,7 +308,7 @@ def test_save_load_round_trip_with_heads(target, tmp_path, variant):
             "confidence_head.proj.bias"} <= head_keys
     assert len(keys - head_keys) == 11 + 3  # the released backbone keys, unchanged
     loaded = load_drafter(tmp_path / "d", target)
-    assert isinstance(loaded, HeadedDrafter) and loaded.markov.variant == variant
+    assert isinstance(loaded, HeadedDrafter) and loaded.heads()["markov"].variant == variant
     assert set(load_drafter_model(tmp_path / "d").state_dict()) == set(backbone.model.state_dict())
     assert_same_proposals(target, drafter, loaded)
 
@@ -316,7 +320,7 @@ def test_dflash_checkpoint_without_heads_loads_unchanged(target, tmp_path):
     loaded = load_drafter(tmp_path / "plain", target)
     assert type(loaded) is DFlashDrafter
     # Saving only the backbone of a headed checkpoint drops the heads' description with their tensors.
-    save_headed_drafter(HeadedDrafter(backbone, *random_heads(target)), tmp_path / "headed")
+    save_headed_drafter(headed(backbone, *random_heads(target)), tmp_path / "headed")
     model = load_drafter_model(tmp_path / "headed")
     save_drafter(model, tmp_path / "stripped")
     assert "heads" not in json.loads((tmp_path / "stripped" / "config.json").read_text())
@@ -373,9 +377,9 @@ def test_import_released_dspark_checkpoint(target, tmp_path):
     assert not {"markov_rank", "mask_token_id", "target_layer_ids"} & config.keys()
     drafter = load_drafter(tmp_path / "out", target)
     assert isinstance(drafter, HeadedDrafter) and drafter.max_proposals == 7
-    for ours, key in ((drafter.markov.markov_w1.weight, "markov_head.markov_w1.weight"),
-                      (drafter.markov.markov_w2.weight, "markov_head.markov_w2.weight"),
-                      (drafter.confidence.proj.weight, "confidence_head.proj.weight"),
+    for ours, key in ((drafter.heads()["markov"].markov_w1.weight, "markov_head.markov_w1.weight"),
+                      (drafter.heads()["markov"].markov_w2.weight, "markov_head.markov_w2.weight"),
+                      (drafter.heads()["confidence"].proj.weight, "confidence_head.proj.weight"),
                       (drafter.backbone.model.fc.weight, "fc.weight")):
         torch.testing.assert_close(ours, state[key], rtol=0, atol=0)
     for prompt in prompts(2, seed=4):
@@ -456,7 +460,7 @@ def test_teacher_forced_heads_equal_the_drafting_loop(target, layout):
     """Training sees the drafting loop's logits and confidences when the labels are the drafted tokens."""
     backbone = dspark_backbone(target, block_size=5) if layout == "dspark" else init_drafter(target, block_size=6)
     markov, confidence = random_heads(target, "rnn", seed=7)
-    drafter = HeadedDrafter(backbone, markov, confidence, confidence_threshold=1e-6)  # computes every c_k
+    drafter = headed(backbone, markov, confidence, confidence_threshold=1e-6)  # computes every c_k
     ids = prompts(1, seed=9)[0]
     features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
     drafter.reset(ids[:, :-1], features)
@@ -466,7 +470,8 @@ def test_teacher_forced_heads_equal_the_drafting_loop(target, layout):
     out = target.features(sequence[None], drafter.target_layer_ids, with_logits=True)
     anchor = torch.tensor([ids.shape[1] - 1])
     with torch.no_grad():
-        batch = head_batch(drafter, sequence, torch.ones_like(sequence), out.features, out.logits, anchor)
+        batch = teacher_forced_batch(drafter, sequence, torch.ones_like(sequence), out.features, anchor,
+                                     target_logits=out.logits, train_backbone=False)
     torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(torch.sigmoid(batch["confidence_logits"][0]), drafter.last_confidence,
                                atol=1e-5, rtol=1e-5)
@@ -491,8 +496,8 @@ class PrefixCountHead(SlotHead):
     def describe(self):
         return {"vocab_size": self.table.num_embeddings, "out_vocab_size": self.table.embedding_dim}
 
-    def bind(self, backbone):
-        if self.table.embedding_dim != (backbone.config.draft_vocab_size or backbone.config.vocab_size):
+    def bind(self, context):
+        if self.table.embedding_dim != context.draft_vocab_size:
             raise ConfigError("prefixcount head built for another vocabulary")
 
     def begin(self, anchor, hidden, base):
@@ -523,14 +528,14 @@ def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkey
     backbone = init_drafter(target, num_layers=1, block_size=6, seed=4)
     markov, confidence = random_heads(target, "linear", seed=4)
     head = PrefixCountHead(target.vocab_size, target.vocab_size)
-    drafter = HeadedDrafter(backbone, markov, confidence, slot_heads=[head])
+    drafter = headed(backbone, markov, confidence, slot_heads=[head])
     for prompt in prompts(2, seed=4):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
         assert result.tokens == plain(target, prompt, 30)
-    # The head really changes the draft, and use_slot_heads=False drafts without it.
+    # The head really changes the draft, and off (use_slot_heads=False) drafts without it.
     prompt = prompts(1, seed=5)[0]
     on = list(proposals(target, drafter, prompt, SamplingConfig()))
-    off = list(proposals(target, HeadedDrafter(backbone, markov, confidence, slot_heads=[head],
+    off = list(proposals(target, headed(backbone, markov, confidence, slot_heads=[head],
                                                use_slot_heads=False), prompt, SamplingConfig()))
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(on, off))
     # Teacher forcing equals the drafting loop with the slot head on.
@@ -541,12 +546,12 @@ def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkey
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["heads"]["prefixcount"] == head.describe()
     loaded = load_drafter(tmp_path / "d", target)
-    assert [h.name for h in loaded.slot_heads] == ["prefixcount"]
-    assert torch.equal(loaded.slot_heads[0].table.weight, head.table.weight)
+    assert [h.name for h in loaded.slot_heads] == ["markov", "prefixcount"]  # the Markov head is a slot head too
+    assert torch.equal(loaded.slot_heads[1].table.weight, head.table.weight)
     with pytest.raises(ConfigError, match="another vocabulary"):
-        HeadedDrafter(backbone, slot_heads=[PrefixCountHead(target.vocab_size, 7)])
+        HeadedDrafter(backbone, [PrefixCountHead(target.vocab_size, 7)])
     with pytest.raises(ConfigError, match="distinct names"):
-        HeadedDrafter(backbone, slot_heads=[head, head])
+        HeadedDrafter(backbone, [head, head])
     monkeypatch.delitem(heads_module.SLOT_HEADS, "prefixcount")
     with pytest.raises(ConfigError, match="cannot attach"):
         load_drafter(tmp_path / "d", target)

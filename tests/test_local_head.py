@@ -21,7 +21,7 @@ from blockdraft.checkpoints import (attach_local_head, load_drafter, load_local_
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.data.conversations import TokenizedConversation
 from blockdraft.drafters.headed import HeadedDrafter
-from blockdraft.drafters.heads import MarkovHead
+from blockdraft.drafters.markov import MarkovHead
 from blockdraft.drafters.local_head import (MAX_FUSION_WEIGHT, DeLSFusionHead, LocalHead, LocalHeadConfig,
                                             UnigramPrior, count_loss_tokens, find_fusion_head, tokenizer_fingerprint)
 from chat_fixtures import save_tiny_chat_model
@@ -136,8 +136,8 @@ def test_fusion_formula_by_hand(target, variant):
         with torch.no_grad():
             learned.alpha.copy_(torch.tensor([0.1, 0.2, 0.3]))
             learned.beta.copy_(torch.tensor([0.4, 0.5, 0.6]))
-        HeadedDrafter(backbone, slot_heads=[fixed])  # bind: embeddings and the d2t rows
-        HeadedDrafter(backbone, slot_heads=[learned])
+        HeadedDrafter(backbone, [fixed])  # bind: embeddings and the d2t rows
+        HeadedDrafter(backbone, [learned])
         long = torch.randn(rows.numel())
         prev = torch.tensor(42)
         with torch.no_grad():
@@ -162,8 +162,8 @@ def test_greedy_with_fusion_equals_plain_greedy(target, variant, block_size, red
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
         assert result.tokens == plain(target, prompt, 30)
         assert all(1 <= r.proposed <= block_size - 1 for r in result.rounds[:-1])
-    # Fusion really changes the draft; use_slot_heads=False drafts without it.
-    off = HeadedDrafter(backbone, slot_heads=[find_fusion_head(drafter)], use_slot_heads=False)
+    # Fusion really changes the draft; off={"local"} drafts without it.
+    off = HeadedDrafter(backbone, [find_fusion_head(drafter)], off={"local"})
     prompt = prompts(1, seed=5)[0]
     on_tokens = proposals(target, drafter, prompt, SamplingConfig())
     off_tokens = proposals(target, off, prompt, SamplingConfig())
@@ -224,7 +224,7 @@ def test_teacher_forcing_equals_the_drafting_loop(target):
     markov = MarkovHead(target.vocab_size, RANK)
     with torch.no_grad():
         markov.markov_w2.weight.normal_(0.0, 1.0)
-    drafter = attach_local_head(HeadedDrafter(backbone, markov), random_local(target, "rnn", scale=0.5))
+    drafter = attach_local_head(HeadedDrafter(backbone, [markov]), random_local(target, "rnn", scale=0.5))
     proposal, batch = teacher_forced_block(target, drafter)
     torch.testing.assert_close(batch["draft_logits"][0], proposal.logits, atol=1e-4, rtol=1e-4)
 

@@ -239,7 +239,8 @@ def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
     assert [r["step"] for r in evals] == [2, 4]
     assert 1.0 <= evals[-1]["eval"]["expected_tau"] <= 4.0
     assert len(evals[-1]["eval"]["per_position_accuracy"]) == 3
-    from blockdraft.train.loop import TrainingData, Distributed
+    from blockdraft.train.data import TrainingData
+    from blockdraft.train.distributed import Distributed
     from blockdraft.target import load_target
     data = TrainingData(config, load_target(config.target, dtype="fp32"), (1,), Distributed())
     assert not set(data.heldout) & set(data.train_ids) and len(data.heldout) == 3
@@ -249,7 +250,8 @@ def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
 
 def test_train_conversations_nest_and_keep_the_heldout_set(setup, tmp_path):
     from blockdraft.target import load_target
-    from blockdraft.train.loop import Distributed, TrainingData
+    from blockdraft.train.data import TrainingData
+    from blockdraft.train.distributed import Distributed
 
     target = load_target(setup[1], dtype="fp32")
     splits = {n: TrainingData(make_config(setup, tmp_path / str(n), heldout=3, train_conversations=n), target, (1,),
@@ -267,7 +269,8 @@ def test_train_conversations_nest_and_keep_the_heldout_set(setup, tmp_path):
 
 def test_draft_vocabulary_is_counted_on_training_conversations_only(setup, tmp_path):
     from blockdraft.target import load_target
-    from blockdraft.train.loop import Distributed, TrainingData
+    from blockdraft.train.data import TrainingData
+    from blockdraft.train.distributed import Distributed
     from blockdraft.train.vocab import draft_vocabulary
 
     config = make_config(setup, tmp_path / "vocab", heldout=4, train_conversations=2, draft_vocab_size=12, max_steps=1)

@@ -369,16 +369,18 @@ def test_trees_over_headed_drafters_are_lossless(targets, trained):
     """A Markov head conditions each slot on the drafted prefix; the tree is built from the head-corrected
     logits of the drafted chain (docs/trees.md) and stays exact, with and without confidence pruning."""
     from blockdraft.drafters.headed import HeadedDrafter
-    from blockdraft.drafters.heads import ConfidenceHead, MarkovHead
+    from blockdraft.drafters.confidence import ConfidenceHead
+    from blockdraft.drafters.markov import MarkovHead
+    from blockdraft.drafters.pruning import Pruning
 
     target = targets["qwen3"]
     torch.manual_seed(0)
     markov = MarkovHead(target.vocab_size, 8)
     with torch.no_grad():
         markov.markov_w2.weight.normal_(0.0, 2.0)  # a bias large enough to change the draft
-    for drafter in (HeadedDrafter(trained["qwen3"], markov),
-                    HeadedDrafter(trained["qwen3"], markov, ConfidenceHead(target.hidden_size, 8),
-                                  confidence_threshold=0.4)):
+    for drafter in (HeadedDrafter(trained["qwen3"], [markov]),
+                    HeadedDrafter(trained["qwen3"], [markov],
+                                  Pruning(0.4, confidence=ConfidenceHead(target.hidden_size, 8)))):
         for prompt in prompts(2, seed=21):
             for budget in (3, 16):
                 result = blockdraft.generate(target, drafter, prompt, max_new_tokens=32, stop_token_ids=(),

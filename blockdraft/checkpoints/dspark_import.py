@@ -25,12 +25,14 @@ from safetensors.torch import load_file
 
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import DFlashDraftModel, check_compatible
-from ..drafters.heads import VARIANT_ALIASES, build_heads
+from ..drafters.heads import build_heads
+from ..drafters.markov import VARIANT_ALIASES
 from ..files import check_out_dir
 from ..target import Target, load_target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, head_prefix, load_strict, save_drafter
 
 #: DSpark fields that become the DFlash `dflash_config`, the layout flag or the `heads` entry
+DSPARK_HEADS = ("markov", "confidence")  # the heads a released DSpark checkpoint may hold, by key prefix
 DSPARK_FIELDS = ("mask_token_id", "target_layer_ids", "markov_rank", "markov_head_type", "enable_confidence_head",
                  "confidence_head_with_markov")
 #: training-only DSpark fields, kept in `imported_from` for the record
@@ -129,29 +131,28 @@ def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | 
     target = load_target(target) if target is not None else None
     config = dspark_config(raw, num_target_layers=target.num_layers if target is not None else None)
     heads = dspark_heads_description(raw, state)
-    markov, confidence, _ = build_heads(heads)
+    slot_heads, confidence = build_heads(heads)
+    built = {head.name: head for head in [*slot_heads, confidence] if head is not None}  # DSpark's two heads
     if target is not None:
         check_compatible(config, target)
         _check_target_copies(state, target)
     dropped = sorted(key for key in state if key in TARGET_COPIES or key.startswith("rotary_emb."))
     head_state = {name: {key[len(head_prefix(name)):]: tensor for key, tensor in state.items()
-                         if key.startswith(head_prefix(name))} for name in ("markov", "confidence")}
+                         if key.startswith(head_prefix(name))} for name in DSPARK_HEADS}
     backbone_state = {key: tensor for key, tensor in state.items()
-                      if key not in dropped and not key.startswith((head_prefix("markov"), head_prefix("confidence")))}
+                      if key not in dropped and not key.startswith(tuple(head_prefix(name) for name in DSPARK_HEADS))}
     dtype = next(iter(backbone_state.values())).dtype if backbone_state else torch.float32
     model = DFlashDraftModel(config).to(dtype)
     missing, unexpected = load_strict(model, backbone_state, "")
-    for name, head in (("markov", markov), ("confidence", confidence)):
-        if head is not None:
-            head.to(dtype)
-            m, u = load_strict(head, head_state.pop(name), head_prefix(name))
-            missing, unexpected = missing + m, unexpected + u
+    for name, head in built.items():
+        head.to(dtype)
+        m, u = load_strict(head, head_state.pop(name), head_prefix(name))
+        missing, unexpected = missing + m, unexpected + u
     unexpected += sorted(head_prefix(name) + key for name, rest in head_state.items() for key in rest)
     if missing or unexpected:
         raise ConfigError(f"{src / WEIGHTS_NAME} does not match its DSpark config.json: missing {missing}, "
                           f"unexpected {unexpected}")
-    attached = {name: head for name, head in (("markov", markov), ("confidence", confidence)) if head is not None}
-    save_drafter(model, out_dir, heads=attached, overwrite=overwrite)
+    save_drafter(model, out_dir, heads=built, overwrite=overwrite)
     return {"out_dir": str(out_dir), "layout": "dspark", "block_size": config.block_size,
             "num_proposals": config.num_proposals, "heads": heads, "missing": missing, "unexpected": unexpected,
             "dropped": dropped, "checked_against_target": target is not None,

@@ -8,6 +8,7 @@ a plain `DFlashDrafter` or, when config.json describes heads, as a `HeadedDrafte
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Collection
 
 import torch
 from safetensors import safe_open
@@ -17,6 +18,7 @@ from ..drafters.base import Drafter
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
 from ..drafters.heads import build_heads
+from ..drafters.pruning import Pruning
 from ..target import Target, load_target
 from .dflash import WEIGHTS_NAME, head_prefix, load_drafter_model, load_strict, save_drafter
 
@@ -24,7 +26,7 @@ from .dflash import WEIGHTS_NAME, head_prefix, load_drafter_model, load_strict, 
 def load_drafter(path: str | Path, target: Target | str) -> Drafter:
     """Load a DFlash drafter checkpoint for `target` (same device and dtype as the target).
 
-    When config.json describes heads (DSpark Markov/confidence, slot heads), they are composed onto the backbone.
+    When config.json describes heads (slot heads, a confidence head), they are composed onto the backbone.
     """
     target = load_target(target)
     model = load_drafter_model(path, dtype=target.dtype, device=target.device)
@@ -35,30 +37,30 @@ def load_drafter(path: str | Path, target: Target | str) -> Drafter:
 
 
 def save_headed_drafter(drafter: HeadedDrafter, out_dir: str | Path, **kwargs) -> None:
-    """Backbone in the released format plus the heads under `markov_head.*` / `confidence_head.*`."""
+    """Backbone in the released format plus each head under `{name}_head.*` (e.g. `markov_head.*`)."""
     save_drafter(drafter.backbone.model, out_dir, heads=drafter.heads(), **kwargs)
 
 
 def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torch.dtype | None = None,
-                       **options) -> HeadedDrafter:
+                       off: Collection[str] = (), **pruning) -> HeadedDrafter:
     """Compose the heads described in the checkpoint's config.json onto a loaded backbone (heads in
-    `dtype`, default the target's; a trainer resuming keeps its float32 master weights)."""
-    markov, confidence, slot_heads = build_heads(backbone.config.extra.get("heads") or {})
+    `dtype`, default the target's; a trainer resuming keeps its float32 master weights). `pruning`
+    holds `Pruning` fields besides the saved confidence head (threshold, verify_cost, draft_cost)."""
+    slot_heads, confidence = build_heads(backbone.config.extra.get("heads") or {})
+    heads = [*slot_heads, *([confidence] if confidence is not None else [])]
     weights = Path(path) / WEIGHTS_NAME
     missing, unexpected = [], []
     with safe_open(str(weights), "pt") as handle:
         keys = list(handle.keys())
-        for name, head in (("markov", markov), ("confidence", confidence), *((h.name, h) for h in slot_heads)):
-            if head is not None:
-                prefix = head_prefix(name)
-                state = {key[len(prefix):]: handle.get_tensor(key) for key in keys if key.startswith(prefix)}
-                m, u = load_strict(head, state, prefix)
-                missing, unexpected = missing + m, unexpected + u
+        for head in heads:
+            prefix = head_prefix(head.name)
+            state = {key[len(prefix):]: handle.get_tensor(key) for key in keys if key.startswith(prefix)}
+            m, u = load_strict(head, state, prefix)
+            missing, unexpected = missing + m, unexpected + u
     if missing or unexpected:
         raise ConfigError(f"{weights}: the heads described in config.json do not match its tensors: "
                           f"missing {missing}, unexpected {unexpected}")
     target = backbone.target
-    for head in (markov, confidence, *slot_heads):
-        if head is not None:
-            head.to(device=target.device, dtype=dtype or target.dtype).eval()
-    return HeadedDrafter(backbone, markov, confidence, slot_heads=slot_heads, **options)
+    for head in heads:
+        head.to(device=target.device, dtype=dtype or target.dtype).eval()
+    return HeadedDrafter(backbone, slot_heads, Pruning(confidence=confidence, **pruning), off=off)

@@ -14,7 +14,7 @@ g_k), the residual R(x_k; y, z_k) of DeLS-Spec §4. W_up starts at zero: a fresh
 exactly as its backbone. The GRU is one bias-free layer (hidden 1024, rank 256 by default, the
 sizes DeLS-Spec App. A gives for a local head "following the design choice in Domino").
 
-Training is `train/domino.py`: (1 − λ)·CE_final + λ·CE_base, λ annealed 1 → 0; Domino-FT keeps
+Training is `losses.domino`: (1 − λ)·CE_final + λ·CE_base, λ annealed 1 → 0; Domino-FT keeps
 the backbone frozen and trains this head only. The head is a `SlotHead`, saved under
 `domino_head.` and described under `heads.domino` in config.json.
 """
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .heads import SlotHead
+from .heads import HeadContext, SlotHead
 
 DEFAULT_GRU_SIZE = 1024
 DEFAULT_RANK = 256
@@ -73,28 +73,30 @@ class DominoHead(SlotHead):
             super().__setattr__(name, value)
 
     @classmethod
-    def for_backbone(cls, backbone, *, gru_size: int = DEFAULT_GRU_SIZE, rank: int = DEFAULT_RANK) -> "DominoHead":
-        """A fresh head shaped for a `DFlashDrafter` (its target's vocabulary and embeddings, its draft vocabulary)."""
-        config = backbone.config
-        embed = backbone.target.embed_tokens
-        return cls(config.vocab_size, config.draft_vocab_size or config.vocab_size, int(embed.weight.shape[-1]),
-                   config.hidden_size, gru_size=gru_size, rank=rank)
+    def for_context(cls, context: HeadContext, *, gru_size: int = DEFAULT_GRU_SIZE, rank: int = DEFAULT_RANK
+                    ) -> "DominoHead":
+        """A fresh head shaped for a drafter (its target's vocabulary and embeddings, its draft vocabulary)."""
+        return cls(context.vocab_size, context.draft_vocab_size, int(context.embed_tokens.weight.shape[-1]),
+                   context.hidden_size, gru_size=gru_size, rank=rank)
+
+    @classmethod
+    def for_backbone(cls, backbone, **sizes) -> "DominoHead":
+        """A fresh head shaped for a `DFlashDrafter` (`for_context` of its `HeadContext`)."""
+        return cls.for_context(HeadContext.of(backbone), **sizes)
 
     def describe(self) -> dict[str, Any]:
         return {"vocab_size": self.vocab_size, "out_vocab_size": self.out_vocab_size, "embed_size": self.embed_size,
                 "hidden_size": self.hidden_size, "gru_size": self.gru_size, "rank": self.rank}
 
-    def bind(self, backbone) -> None:
-        config = backbone.config
-        draft_vocab = config.draft_vocab_size or config.vocab_size
-        embed = backbone.target.embed_tokens
-        if self.vocab_size != config.vocab_size or self.out_vocab_size != draft_vocab:
+    def bind(self, context: HeadContext) -> None:
+        embed = context.embed_tokens
+        if self.vocab_size != context.vocab_size or self.out_vocab_size != context.draft_vocab_size:
             raise ConfigError(f"the Domino head reads {self.vocab_size} target ids and scores {self.out_vocab_size} "
-                              f"draft ids, but the backbone has vocabulary {config.vocab_size} and draft vocabulary "
-                              f"{draft_vocab}; build it with DominoHead.for_backbone(backbone)")
-        if self.hidden_size != config.hidden_size:
+                              f"draft ids, but the backbone has vocabulary {context.vocab_size} and draft vocabulary "
+                              f"{context.draft_vocab_size}; build it with DominoHead.for_backbone(backbone)")
+        if self.hidden_size != context.hidden_size:
             raise ConfigError(f"the Domino head reads hidden size {self.hidden_size}, the backbone has "
-                              f"{config.hidden_size}")
+                              f"{context.hidden_size}")
         if self.embed_size != embed.weight.shape[-1] or embed.weight.shape[0] < self.vocab_size:
             raise ConfigError(f"the Domino head reads {self.embed_size}-wide target embeddings of {self.vocab_size} "
                               f"tokens, the target's are {tuple(embed.weight.shape)}")
@@ -134,3 +136,7 @@ def head_from_spec(spec: Mapping[str, Any]) -> DominoHead:
     return DominoHead(int(spec["vocab_size"]), int(spec["out_vocab_size"]), int(spec["embed_size"]),
                       int(spec["hidden_size"]), gru_size=int(spec["gru_size"]), rank=int(spec["rank"]))
 
+
+def new_head(context: HeadContext, **options) -> DominoHead:
+    """A fresh head for a drafter, from a recipe's options."""
+    return DominoHead.for_context(context, **options)

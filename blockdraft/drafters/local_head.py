@@ -47,7 +47,7 @@ from torch import nn
 
 from ..config import ConfigError
 from .headed import HeadedDrafter
-from .heads import SlotHead
+from .heads import HeadContext, SlotHead
 
 LOCAL_VARIANTS = ("rnn", "markov")
 # Table 6 of DeLS-Spec.
@@ -324,23 +324,22 @@ class DeLSFusionHead(SlotHead):
             out.update(weights="fixed", alpha=self.alpha, beta=self.beta)
         return out
 
-    def bind(self, backbone) -> None:
+    def bind(self, context: HeadContext) -> None:
         config = self.short.config
-        target = backbone.target
-        if config.vocab_size != backbone.config.vocab_size:
+        if config.vocab_size != context.vocab_size:
             raise ConfigError(f"the local head scores {config.vocab_size} tokens but this drafter's target has a "
-                              f"vocabulary of {backbone.config.vocab_size}: it was trained with another tokenizer; "
+                              f"vocabulary of {context.vocab_size}: it was trained with another tokenizer; "
                               f"train one for this target (`blockdraft train-local-head --target ...`)")
-        theirs = tokenizer_fingerprint(getattr(target, "tokenizer", None))
+        theirs = tokenizer_fingerprint(context.tokenizer)
         if config.tokenizer_fingerprint and theirs and theirs != config.tokenizer_fingerprint:
             raise ConfigError(f"the local head was trained with another tokenizer (fingerprint "
                               f"{config.tokenizer_fingerprint}, this target's is {theirs}); train one with this "
                               f"target's tokenizer (`blockdraft train-local-head --target ...`)")
-        proposals = backbone.max_proposals
+        proposals = context.max_proposals
         limit = config.max_positions
         if limit is not None and proposals > limit:
             raise ConfigError(f"the drafter proposes up to {proposals} tokens per block (block_size "
-                              f"{backbone.config.block_size}, {backbone.config.layout} layout) but the local head was "
+                              f"{context.block_size}, {context.layout} layout) but the local head was "
                               f"trained on blocks of {config.block_size} (local contexts of at most {limit} tokens): "
                               f"train the local head with --block-size {proposals + 1} or more")
         if self.per_position:
@@ -349,9 +348,8 @@ class DeLSFusionHead(SlotHead):
             if proposals > self.positions:
                 raise ConfigError(f"the per-position fusion weights cover {self.positions} slots but the drafter "
                                   f"proposes up to {proposals} per block: train them for this drafter")
-        self.short.use_embeddings(target.embed_tokens)
-        vocab_map = backbone.head.vocab_map
-        self.rows = None if vocab_map is None else vocab_map.d2t
+        self.short.use_embeddings(context.embed_tokens)
+        self.rows = context.d2t
 
     def _weights(self, slots: torch.Tensor | int) -> tuple[torch.Tensor | float, torch.Tensor | float]:
         if not self.per_position:
@@ -407,21 +405,19 @@ def head_from_spec(spec: Mapping[str, Any]) -> DeLSFusionHead:
 def attach_fusion_head(drafter, head: DeLSFusionHead, **options):
     """DeLS-Spec on a trained drafter: a `HeadedDrafter` whose slot heads end with the fusion head `local`.
 
-    `drafter` is a `DFlashDrafter` or a `HeadedDrafter` (its Markov/confidence heads, pruning settings
-    and other slot heads are kept; an existing `local` head is replaced). Extra keyword arguments go
-    to `HeadedDrafter` (`blockdraft.checkpoints.attach_local_head` takes a local head folder).
+    `drafter` is a `DFlashDrafter` or a `HeadedDrafter` (its other heads, the heads it keeps off and its
+    pruning are kept; an existing `local` head is replaced). Extra keyword arguments (`pruning`, `off`)
+    go to `HeadedDrafter` (`blockdraft.checkpoints.attach_local_head` takes a local head folder).
     Compatibility (vocabulary, tokenizer, block size, α/β) is checked here, with a ConfigError that
     names the fix.
     """
     target = drafter.target
     head.to(device=target.device, dtype=target.dtype).eval()
     if isinstance(drafter, HeadedDrafter):
-        kept = {"confidence_threshold": drafter.confidence_threshold, "use_markov": drafter.use_markov,
-                "verify_cost": drafter.verify_cost, "draft_cost": drafter.draft_cost}
         others = [h for h in drafter.slot_heads if h.name != DeLSFusionHead.name]
-        return HeadedDrafter(drafter.backbone, drafter.markov, drafter.confidence, slot_heads=[*others, head],
-                             **{**kept, **options})
-    return HeadedDrafter(drafter, slot_heads=[head], **options)
+        kept = {"pruning": drafter.pruning, "off": drafter.off - {DeLSFusionHead.name}}
+        return HeadedDrafter(drafter.backbone, [*others, head], **{**kept, **options})
+    return HeadedDrafter(drafter, [head], **options)
 
 
 def find_fusion_head(drafter) -> DeLSFusionHead:

@@ -5,11 +5,14 @@
       (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k)),
   still rises, with t_verify(k) the time of a target pass over k + 1 tokens
   (`blockdraft.eval.verify_cost.measure_verify_cost` measures it).
-Both rules decide on slot k from c_1..c_k alone, so sampled verification stays lossless.
+Both rules decide on slot k from c_1..c_k alone, so sampled verification stays lossless. c_k is the
+confidence head's (`confidence.py`) when the rule has one, else the peak of the slot's own draft
+distribution, max_v q_k(v).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -17,6 +20,8 @@ import torch
 
 from .. import acceptance
 from ..config import ConfigError
+from .confidence import ConfidenceHead
+from .heads import HeadContext
 
 VerifyCost = Sequence[float] | Mapping[int, float] | Callable[[int], float]
 
@@ -55,3 +60,48 @@ def cost_function(curve: VerifyCost, max_proposals: int) -> Callable[[int], floa
         raise ConfigError(f"verify_cost lists {len(values)} costs but a round may verify up to {max_proposals} "
                           f"proposals: give t_verify(k) for k = 0..{max_proposals}")
     return lambda k: values[k]
+
+
+@dataclass
+class Pruning:
+    """Where a drafted block stops: `threshold` (0 = off) and/or cost-aware pruning against `verify_cost`,
+    t_verify(k) for k = 0..max_proposals (seconds, or any unit shared with `draft_cost`; `draft_cost`
+    None = each round's measured backbone time), from c_k of `confidence` or, without one, the slot's
+    peak draft probability."""
+
+    threshold: float = 0.0
+    verify_cost: VerifyCost | None = None
+    draft_cost: float | None = None
+    confidence: ConfidenceHead | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):
+            raise ConfigError(f"confidence_threshold must lie in [0, 1] (0 = no pruning), got {self.threshold!r}")
+        if self.draft_cost is not None and not self.draft_cost >= 0:
+            raise ConfigError(f"draft_cost must be >= 0 (or None to measure it), got {self.draft_cost}")
+        self.threshold = float(self.threshold)
+        self.cost: Callable[[int], float] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.threshold > 0 or self.verify_cost is not None
+
+    def bind(self, context: HeadContext, slot_heads: Sequence[torch.nn.Module]) -> None:
+        """Check the confidence head against the drafter and resolve the cost curve for its block."""
+        if self.confidence is not None:
+            self.confidence.bind(context, slot_heads)
+        self.cost = cost_function(self.verify_cost, context.max_proposals) if self.verify_cost is not None else None
+
+    def slot_confidence(self, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor) -> torch.Tensor:
+        """c_k () float32 of slot k: prev () target id of x_{k-1}, hidden_k (H,), logits_k (V_draft,)."""
+        if self.confidence is not None:
+            return torch.sigmoid(self.confidence.slot_logits(prev, hidden_k))
+        return torch.softmax(logits_k, dim=-1).max()
+
+    def stops_before(self, k: int, confidences: Sequence[torch.Tensor], unconfident: bool, draft_s: float) -> bool:
+        """Whether the block ends before slot k (>= 1 kept), given c_1..c_k (`confidences`, slot k last)
+        and whether any of them fell below the threshold."""
+        if k < 1:
+            return False
+        return unconfident or (self.cost is not None
+                               and cost_aware_length(torch.stack(list(confidences)), self.cost, draft_s) <= k)

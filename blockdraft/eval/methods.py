@@ -163,6 +163,7 @@ def hybrid_sources(arg: str) -> tuple[list[tuple[str, str | None]], dict[str, st
 def _with_options(drafter, options: dict[str, str], target: Target, path: str):
     """The loaded drafter re-composed with the options' head switches and pruning."""
     from ..drafters.headed import HeadedDrafter
+    from ..drafters.pruning import Pruning
     from .verify_cost import measure_verify_cost
 
     if not options:
@@ -174,10 +175,15 @@ def _with_options(drafter, options: dict[str, str], target: Target, path: str):
     verify_cost = None
     if options.get("cost") == "measured":
         verify_cost = measure_verify_cost(target, list(range(drafter.max_proposals + 1)))
-    return HeadedDrafter(drafter.backbone, drafter.markov, drafter.confidence, slot_heads=drafter.slot_heads,
-                         use_markov=options.get("markov", "on") == "on",
-                         use_slot_heads=options.get("heads", "on") == "on",
-                         confidence_threshold=float(options.get("threshold", 0.0)), verify_cost=verify_cost)
+    names = [head.name for head in drafter.slot_heads]
+    off = set()
+    if options.get("markov", "on") == "off":  # the DSpark Markov head alone
+        off |= {"markov"} & set(names)
+    if options.get("heads", "on") == "off":  # every other slot head (DeLS fusion, Domino, ...)
+        off |= set(names) - {"markov"}
+    pruning = Pruning(threshold=float(options.get("threshold", 0.0)), verify_cost=verify_cost,
+                      confidence=drafter.pruning.confidence)
+    return HeadedDrafter(drafter.backbone, drafter.slot_heads, pruning, off=off)
 
 
 def parse_method(text: str) -> MethodSpec:

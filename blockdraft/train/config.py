@@ -34,7 +34,7 @@ class TrainConfig:
     # the target's argmax at each position given the text; "prefix_consistent" = the text while it equals
     # that argmax, then the argmax at the first disagreement, later slots masked (train/labels.py)
     labels: str = "regenerated"
-    # the objective (losses.py) and its knobs
+    # the objective (blockdraft/losses/) and its knobs
     objective: str = "dpace"
     # further named terms added to `objective` with their weights, e.g. {"kl": 0.5}: loss = objective +
     # 0.5 * kl (losses.compose: `objective` is the primary term and sets the normalisation)

@@ -5,14 +5,14 @@ A recipe names the heads to compose onto the backbone and their options, e.g.
     "heads": {"markov": {"rank": 256, "variant": "linear"}, "confidence": {}, "domino": {"gru_size": 1024}}
 
 and the trainer runs them on the same pipeline as the backbone (anchors, blocks, online or cached
-features): `train.dspark.head_batch` gives the teacher-forced logits (final, and the backbone's
-own for Domino's base branch), `head_terms` the loss. With `train_backbone=false` the backbone
-loaded from `drafter_init` stays frozen and only the heads train (DSpark heads on a frozen
-backbone, Domino-FT); otherwise backbone and heads train jointly.
+features): `train.batch.teacher_forced_batch` gives the teacher-forced logits (final, and the
+backbone's own for Domino's base branch). With `train_backbone=false` the backbone loaded from
+`drafter_init` stays frozen and only the heads train (DSpark heads on a frozen backbone,
+Domino-FT); otherwise backbone and heads train jointly.
 
-Objectives with heads: `dspark_heads` (needs the target's logits, so online features),
-`domino` ((1 − λ)·CE_final + λ·CE_base, `train/domino.py`), or any `losses.LOSSES` objective,
-applied to the final (head-corrected) logits.
+Objectives with heads (`losses.HEAD_LOSSES`): `dspark_heads` (needs the target's logits, so online
+features), `domino` ((1 − λ)·CE_final + λ·CE_base, λ from `schedule.domino_lambda`), or any
+`losses.LOSSES` objective, applied to the final (head-corrected) logits.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import Any, Mapping
 import torch
 
 from ..config import ConfigError
-from ..losses import LOSSES, LossKnobs, LossTerms
-from .domino import DOMINO_VARIANTS, domino, domino_lambda
-from .dspark import dspark_heads
+from ..losses import DOMINO_VARIANTS, HEAD_LOSSES
+from .schedule import domino_lambda
 
-HEAD_OBJECTIVES = ("dspark_heads", "domino")
-#: trainable head -> the options a recipe may give it (sizes follow the backbone)
+HEAD_OBJECTIVES = tuple(HEAD_LOSSES)
+#: trainable head -> the options a recipe may give it (sizes follow the backbone), in the order heads are
+#: built (which fixes their seeded initialisation)
 HEAD_OPTIONS: dict[str, tuple[str, ...]] = {
     "markov": ("rank", "variant"),
     "confidence": ("with_markov",),
@@ -58,7 +58,7 @@ def normalise_heads(heads: Any) -> dict[str, dict[str, Any]] | None:
                 raise ConfigError(f"heads.{name}.{key} must be a positive integer, got {value!r}")
         out[name] = dict(options)
     if "markov" in out:
-        from ..drafters.heads import VARIANT_ALIASES
+        from ..drafters.markov import VARIANT_ALIASES
 
         variant = out["markov"].get("variant", "linear")
         if variant not in VARIANT_ALIASES:
@@ -101,24 +101,23 @@ def check_head_config(config) -> None:
 
 
 def new_heads(spec: Mapping[str, Mapping[str, Any]], backbone):
-    """Fresh (Markov, confidence, [slot heads]) shaped for a `DFlashDrafter`, from the recipe's options."""
-    from ..drafters.domino import DominoHead
-    from ..drafters.heads import DEFAULT_MARKOV_RANK, VARIANT_ALIASES, ConfidenceHead, MarkovHead
+    """Fresh (slot heads, confidence head or None) shaped for a `DFlashDrafter`, from the recipe's options."""
+    from ..drafters.confidence import ConfidenceHead
+    from ..drafters.heads import HeadContext, new_slot_head
 
-    config = backbone.config
-    markov = confidence = None
-    slot_heads = []
-    if "markov" in spec:
-        options = spec["markov"]
-        markov = MarkovHead(config.vocab_size, int(options.get("rank", DEFAULT_MARKOV_RANK)),
-                            VARIANT_ALIASES[options.get("variant", "linear")], hidden_size=config.hidden_size,
-                            out_vocab_size=config.draft_vocab_size or config.vocab_size)
-    if "confidence" in spec:
-        with_markov = spec["confidence"].get("with_markov", markov is not None)
-        confidence = ConfidenceHead(config.hidden_size, markov.rank if with_markov else 0)
-    if "domino" in spec:
-        slot_heads.append(DominoHead.for_backbone(backbone, **spec["domino"]))
-    return markov, confidence, slot_heads
+    context = HeadContext.of(backbone)
+    slot_heads, confidence = [], None
+    for name in HEAD_OPTIONS:  # a fixed order: the same recipe gives the same initial weights
+        if name not in spec:
+            continue
+        options = dict(spec[name])
+        if name == "confidence":  # reads the Markov head's W1 rows when there is one
+            markov = next((head for head in slot_heads if head.name == "markov"), None)
+            with_markov = options.get("with_markov", markov is not None)
+            confidence = ConfidenceHead(context.hidden_size, markov.rank if with_markov else 0)
+        else:
+            slot_heads.append(new_slot_head(name, context, **options))
+    return slot_heads, confidence
 
 
 def training_heads(config, backbone, resume_from: Path | None):
@@ -126,6 +125,7 @@ def training_heads(config, backbone, resume_from: Path | None):
     being resumed; None without heads."""
     from ..checkpoints import attach_saved_heads
     from ..drafters.headed import HeadedDrafter
+    from ..drafters.pruning import Pruning
 
     if not config.heads:
         return None
@@ -136,24 +136,33 @@ def training_heads(config, backbone, resume_from: Path | None):
                               f"{sorted(config.heads)}")
     else:
         torch.manual_seed(config.seed + 1)
-        markov, confidence, slot_heads = new_heads(config.heads, backbone)
-        headed = HeadedDrafter(backbone, markov, confidence, slot_heads=slot_heads)
+        slot_heads, confidence = new_heads(config.heads, backbone)
+        headed = HeadedDrafter(backbone, slot_heads, Pruning(confidence=confidence))
     for head in headed.heads().values():
         head.to(device=backbone.target.device, dtype=torch.float32).train()
     return headed
 
 
-def head_terms(config, batch: Mapping[str, torch.Tensor], step: int, knobs: LossKnobs) -> LossTerms:
-    """The objective on a `head_batch(..., with_base=True)` at 0-based `step`."""
-    logits, labels, mask = batch["draft_logits"], batch["labels"], batch["mask"]
-    if config.objective == "dspark_heads":
-        return dspark_heads(logits, labels, mask, target_logits=batch["target_logits"],
-                            confidence_logits=batch["confidence_logits"], gamma=config.gamma)
-    if config.objective == "domino":
-        return domino(logits, labels, mask, base_logits=batch["base_logits"], lam=step_lambda(config, step),
-                      variant=config.domino_variant, knobs=knobs, num_sequences=1)
-    return LOSSES[config.objective](logits, labels, mask, target_logits=batch["target_logits"], knobs=knobs,
-                                    num_sequences=1)
+def ordered_heads(headed) -> dict[str, torch.nn.Module]:
+    """The heads of a `HeadedDrafter` in `HEAD_OPTIONS` order: the optimizer's parameter order, the
+    gradient-norm sum and the checkpoint's `heads` entry follow it, so a recipe trains the same way
+    however its heads were composed."""
+    heads = headed.heads() if headed is not None else {}
+    order = [name for name in HEAD_OPTIONS if name in heads] + [name for name in heads if name not in HEAD_OPTIONS]
+    return {name: heads[name] for name in order}
+
+
+def objective_inputs(config, step: int) -> dict[str, Any]:
+    """The knobs of a head objective at 0-based `step` beyond `LossKnobs` (`losses.call_loss` passes each
+    only to an objective that takes it): Domino's λ and support variant."""
+    if config.objective != "domino":
+        return {}
+    return {"lam": step_lambda(config, step), "variant": config.domino_variant}
+
+
+def objective_logs(config, step: int) -> dict[str, float]:
+    """Schedule values logged beside the loss (`domino_lambda`)."""
+    return {"domino_lambda": step_lambda(config, step)} if config.objective == "domino" else {}
 
 
 def step_lambda(config, step: int) -> float:

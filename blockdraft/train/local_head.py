@@ -236,7 +236,7 @@ def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: floa
     valid slots); target, backbone, local head, prior and any other head stay frozen. Fixed α/β become
     per-position vectors initialised to them (one entry per proposal slot). Target features are
     computed online, one conversation per step. Returns the losses."""
-    from .dspark import head_batch
+    from .batch import teacher_forced_batch
 
     if steps < 1 or num_anchors < 1 or not lr > 0:
         raise ConfigError(f"need steps >= 1, num_anchors >= 1 and lr > 0, got {steps}, {num_anchors}, {lr}")
@@ -253,7 +253,7 @@ def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: floa
     fusion.float()
     fusion.alpha.requires_grad_(True)
     fusion.beta.requires_grad_(True)
-    use_slot_heads, drafter.use_slot_heads = drafter.use_slot_heads, True
+    off, drafter.off = drafter.off, frozenset()  # the fusion weights train with every head on
     optimizer = torch.optim.AdamW([fusion.alpha, fusion.beta], lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     losses: list[float] = []
@@ -269,8 +269,8 @@ def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: floa
             if anchors.numel() == 0:
                 continue
             features = target.features(ids[None], drafter.target_layer_ids).features  # (1, S, F), no grad
-            batch = head_batch(drafter, ids, loss_mask, features, None, anchors)
-            loss = uniform(batch["draft_logits"], batch["labels"], batch["mask"]).value()
+            batch = teacher_forced_batch(drafter, ids, loss_mask, features, anchors, train_backbone=False)
+            loss = uniform(batch.draft_logits, batch.labels, batch.mask).value()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -280,7 +280,7 @@ def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: floa
             losses.append(float(loss.detach()))
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     finally:
-        drafter.use_slot_heads = use_slot_heads
+        drafter.off = off
         for p, flag in frozen.items():
             p.requires_grad_(flag)
         fusion.alpha.requires_grad_(True)

@@ -1,4 +1,5 @@
-"""A few seconds of drafter training on a target's own greedy text (for the demo and tests).
+"""A few seconds of drafter training on a target's own greedy text (for the demo and tests): the
+backbone (`quick_fit`) or, on a frozen backbone, its heads (`train_heads`).
 
 It uses the same block construction as the full trainer, with the library's decayed cross-entropy (`losses.decay`); it
 exists so a tiny drafter can be shown accepting tokens without the full training stack.
@@ -10,7 +11,9 @@ import torch
 
 from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
-from ..losses import LossKnobs, decay
+from ..drafters.headed import HeadedDrafter
+from ..losses import LossKnobs, decay, dspark_heads
+from .batch import teacher_forced_batch
 from .blocks import build_blocks
 from .forward import block_logits
 
@@ -49,4 +52,44 @@ def quick_fit(drafter: DFlashDrafter, sequences: list[torch.Tensor], *, steps: i
         optimizer.step()
         losses.append(float(loss.detach()))
     drafter.model.eval()
+    return losses
+
+
+def train_heads(drafter: HeadedDrafter, sequences: list[torch.Tensor], *, steps: int = 60, lr: float = 2e-3,
+                num_anchors: int = 16, gamma: float | None = None, seed: int = 0) -> list[float]:
+    """Train only the heads (objective `dspark_heads`) on a frozen backbone from token sequences (each (S,), all
+    positions supervised), like `train.quick.quick_fit` does for the backbone. Returns the losses."""
+    heads = list(drafter.heads().values())
+    if not heads:
+        raise ValueError("this drafter has no heads to train")
+    target = drafter.target
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        cached = []
+        for seq in sequences:
+            seq = seq.to(target.device)
+            out = target.features(seq[None], drafter.target_layer_ids, with_logits=True)
+            cached.append((seq, out.features, out.logits))
+    dtypes = [next(head.parameters()).dtype for head in heads]
+    parameters = []
+    for head in heads:
+        head.float().train()
+        parameters += list(head.parameters())
+    optimizer = torch.optim.AdamW(parameters, lr=lr)
+    losses = []
+    for step in range(steps):
+        seq, features, target_logits = cached[step % len(cached)]
+        loss_mask = torch.ones_like(seq)
+        anchors = sample_anchors(loss_mask.cpu(), num_anchors, generator).to(seq.device)
+        batch = teacher_forced_batch(drafter, seq, loss_mask, features, anchors, target_logits=target_logits,
+                                     train_backbone=False)
+        terms = dspark_heads(batch.draft_logits, batch.labels, batch.mask, target_logits=batch.target_logits,
+                             confidence_logits=batch.confidence_logits, gamma=gamma)
+        loss = terms.value()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    for head, dtype in zip(heads, dtypes):
+        head.to(dtype).eval()
     return losses

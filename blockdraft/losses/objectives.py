@@ -1,162 +1,16 @@
-"""Training objectives as pure functions returning ``LossTerms(num, den)``.
-
-Every objective has the signature::
-
-    fn(draft_logits (N, K, V), labels (N, K) long, mask (N, K) 0/1, *,
-       target_logits (N, K, V) | None = None, knobs: LossKnobs = LossKnobs(),
-       num_sequences: int | None = None) -> LossTerms
-
-The objectives that read the target's distribution (``SOFT_TARGET_LOSSES``: ``kl``, ``kl_decay``,
-``dpakl``) also take ``soft_targets: TopKTargets | None``, the cached top-k log-probabilities with
-their tail, in place of ``target_logits``; :func:`call_loss` and :func:`compose` pass it only to them.
-
-``N`` = blocks in the micro-batch, ``K = B - 1`` proposal slots (slot ``j`` at index
-``j - 1``). The loss value is ``num / den``; a trainer that accumulates or all-reduces
-sums ``num`` and ``den`` separately, so the reduction is exact. ``den`` never carries
-gradient. Weights the papers mark *detached* are ``.detach()``-ed.
-
-Normalisation (``LossKnobs.normalisation``; ``None`` = the per-loss default below):
-  - ``"weights"``:   den = Σ_{n,j} w_nj · m_nj with the loss's own slot weight ``w``
-                     (decay, uniform, auf, auf_decay, topk_mask, l2r by default);
-  - ``"sequences"``: den = ``num_sequences`` passed by the trainer (the number of
-                     sequences in the micro-batch; dpace and its variants, dpakl and
-                     accept_rate by default, as in the D-PACE reference code);
-  - ``"tokens"``:    den = Σ m (number of valid slots).
-
-Invalid slots (m = 0) are *transparent* (``q = 1``; see ``blockdraft.acceptance``): they
-never enter ``num``, ``den`` or another slot's weight, and their logits/labels are
-never read.
-
-Composite objectives (``l2r``, :func:`compose`) are sums of named terms folded into one
-``(num, den)`` by :func:`combine_terms`: the first (primary) term reduces exactly, the
-auxiliary ratio terms (first-error focal, chain reward) keep their own per-micro-batch
-normalisation and their raw ``num``/``den`` are reported in ``extras``.
-
-CE is computed in float32 by chunked kernels (`blockdraft/loss_kernels.py`,
-:func:`chunked_log_probs_of_labels`)
-that never materialises an (N, K, V) float32 tensor: it keeps one float32 logsumexp
-per slot and recomputes the softmax chunk by chunk in the backward pass.
-"""
+"""The single-distribution objectives: each a pure function ``(draft_logits, labels, mask, *, knobs)``
+returning ``LossTerms`` (signature, normalisation and the invalid-slot rule: the package doc)."""
 
 from __future__ import annotations
-
-import inspect
-from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from blockdraft import acceptance
-from blockdraft.loss_kernels import (LabelStats, TopKTargets, _check_inputs, _full_entropy,  # noqa: F401 (re-exported)
-                                     chunked_log_probs_of_labels, chunked_soft_cross_entropy, topk_cross_entropy)
+from blockdraft.loss_kernels import (LabelStats, TopKTargets, _check_inputs, _full_entropy, chunked_log_probs_of_labels,
+                                     chunked_soft_cross_entropy, topk_cross_entropy)
 
-Normalisation = Literal["weights", "sequences", "tokens"]
-_NORMALISATIONS = ("weights", "sequences", "tokens")
-_DEFAULT_NORMALISATION: dict[str, Normalisation] = {
-    **{name: "weights" for name in ("uniform", "decay", "topk_mask", "auf", "auf_decay", "l2r")},
-    **{name: "sequences" for name in ("dpace", "dpace_cumulative", "dpace_continuation", "dpace_target",
-                                      "dpakl", "accept_rate")},
-    "kl": "weights", "kl_decay": "weights",
-}
-# DFlash decay constant per block size B (D-PACE App. B.2; B = 12 from the D-PACE paper).
-DECAY_GAMMA_BY_BLOCK = {8: 4.0, 10: 5.0, 12: 6.0, 16: 7.0}
-
-
-def default_gamma(block_size: int) -> float:
-    """DFlash decay γ for block size ``B``: 7 (B=16), 6 (B=12), 5 (B=10), 4 (B=8).
-
-    Other sizes take the γ of the nearest tabulated block size, ties going to the
-    smaller block (so B=7, the DSpark layout with 7 proposals, gets 4;
-    B=14 gets 6; B=32 gets 7). Losses see only ``K``, and use ``B = K + 1``.
-    """
-    nearest = min(DECAY_GAMMA_BY_BLOCK, key=lambda b: (abs(b - block_size), b))
-    return DECAY_GAMMA_BY_BLOCK[nearest]
-
-
-@dataclass(frozen=True)
-class LossKnobs:
-    """Hyper-parameters of the objectives, with the papers' defaults."""
-
-    gamma: float | None = None  # decay/auf_decay γ; None = default_gamma(K + 1)
-    alpha: float = 0.5  # D-PACE / D-PAKL smoothing α (D-PACE Eq. 7)
-    topk: int = 3  # Top-K prefix mask K (GRIFFIN-style baseline, D-PACE App. B.2)
-    # the L2R paper = "Teaching Diffusion to Speculate Left-to-Right"
-    alpha_f: float = 0.3  # first-error focal coefficient α_f (the L2R paper, Eq. 11)
-    alpha_c: float = 40.0  # chain reward coefficient α_c (the L2R paper Eq. 13)
-    l2r_gamma: float = 10.0  # decay γ inside l2r and the focal weight w_{k*}(γ)
-    normalisation: Normalisation | None = None  # None = per-loss default (module doc)
-    chunk_rows: int | None = None  # slots per CE chunk; None = ~256 MiB of float32
-
-    def __post_init__(self) -> None:
-        if self.gamma is not None and not self.gamma > 0:
-            raise ValueError(f"gamma={self.gamma}: use a positive decay constant, or None for the B default")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha={self.alpha}: the D-PACE smoothing must lie in [0, 1] (default 0.5)")
-        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
-            raise ValueError(f"topk={self.topk!r}: use an integer >= 1 (default 3)")
-        if not self.alpha_f >= 0:
-            raise ValueError(f"alpha_f={self.alpha_f}: the focal coefficient must be >= 0 (0 turns it off)")
-        if not self.alpha_c >= 0:
-            raise ValueError(f"alpha_c={self.alpha_c}: the chain coefficient must be >= 0 (0 turns it off)")
-        if not self.l2r_gamma > 0:
-            raise ValueError(f"l2r_gamma={self.l2r_gamma}: use a positive decay constant (default 10)")
-        if self.normalisation is not None and self.normalisation not in _NORMALISATIONS:
-            raise ValueError(
-                f"normalisation={self.normalisation!r}: use one of {_NORMALISATIONS} or None (per-loss default)"
-            )
-        if self.chunk_rows is not None and (not isinstance(self.chunk_rows, int) or self.chunk_rows < 1):
-            raise ValueError(f"chunk_rows={self.chunk_rows!r}: use a positive integer, or None for automatic")
-
-
-@dataclass(frozen=True)
-class LossTerms:
-    """``num`` (scalar, carries gradient) / ``den`` (scalar, no gradient) + detached diagnostics."""
-
-    num: Tensor
-    den: Tensor
-    extras: Mapping[str, Tensor] = field(default_factory=dict)
-
-    def value(self) -> Tensor:
-        """``num / den`` for a single micro-batch (0 when there is nothing to average)."""
-        return self.num / self.den.clamp(min=1e-12)
-
-
-LossFn = Callable[..., LossTerms]
-
-
-# ----------------------------------------------------------------------------- weights
-
-
-def decay_weights(K: int, gamma: float, device: torch.device | str | None = None) -> Tensor:
-    """``w_j = exp(−(j−1)/γ)`` for j = 1..K (DFlash; D-PACE Eq. 2, the L2R paper Eq. 8). -> (K,)"""
-    j = torch.arange(1, K + 1, dtype=torch.float32, device=device)
-    return torch.exp(-(j - 1) / gamma)
-
-
-def dpace_weights(
-    q: Tensor, mask: Tensor, alpha: float, *, part: Literal["full", "cumulative", "continuation"] = "full"
-) -> Tensor:
-    """Detached D-PACE weights from per-slot acceptance proxies ``q`` (N, K) -> (N, K).
-
-    ``q̃_i = (1−α) q_i + α`` on valid slots, 1 elsewhere (Eq. 7); ``P_j = Π_{i≤j} q̃_i``;
-      - ``full``:         ``w̄_j = Σ_{m≥j} P_m m_m`` (Eq. 8, Alg. 1);
-      - ``cumulative``:   ``P_j`` (App. B.3 cumulative-only);
-      - ``continuation``: ``f̃_j = Σ_{m≥j} m_m Π_{j<i≤m} q̃_i`` = ``1 + Σ_{m>j} …`` on a
-                          valid slot (App. B.3 continuation-only).
-    The two ablations factor the full weight: ``full = cumulative · continuation``.
-    """
-    q = q.detach().float()
-    q_smooth = (1.0 - alpha) * q + alpha
-    if part == "continuation":
-        return acceptance.continuation_values(q_smooth, mask)
-    P = acceptance.prefix_products(q_smooth, mask)  # invalid slots count as q̃ = 1
-    if part == "cumulative":
-        return P
-    if part == "full":
-        return acceptance.suffix_sums(P * mask.float())
-    raise ValueError(f"part={part!r}: use 'full', 'cumulative' or 'continuation'")
-
+from .terms import _DEFAULT_NORMALISATION, LossKnobs, LossTerms, combine_terms, decay_weights, default_gamma, dpace_weights
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -455,33 +309,6 @@ def kl_decay(
                decay_weights(K, _gamma(knobs, K), mask.device))
 
 
-# ----------------------------------------------------------------------------- composition
-
-
-def combine_terms(parts: Sequence[tuple[str, float, LossTerms]]) -> LossTerms:
-    """Sum named terms ``Σ_t c_t · num_t/den_t`` as one ``LossTerms``.
-
-    The first part is the primary term: the result has its ``den`` and
-    ``num = c_0 num_0 + den_0 Σ_{t>0} c_t value_t``, so ``num/den`` is exactly the
-    weighted sum for this micro-batch; across micro-batches the primary term reduces
-    exactly and the others are averaged with weights ``den_0``. Raw ``{name}/num`` and
-    ``{name}/den`` are left in ``extras`` for a trainer that wants to reduce each term
-    exactly on its own.
-    """
-    if not parts:
-        raise ValueError("combine_terms needs at least one (name, coefficient, LossTerms) part")
-    _, c0, primary = parts[0]
-    num = c0 * primary.num
-    extras: dict[str, Tensor] = {}
-    for name, coefficient, terms in parts:
-        if terms is not primary:
-            num = num + primary.den * coefficient * terms.value()
-        extras[f"{name}/num"] = terms.num.detach()
-        extras[f"{name}/den"] = terms.den.detach()
-        extras.update({f"{name}/{key}": value for key, value in terms.extras.items()})
-    return LossTerms(num, primary.den, extras)
-
-
 def l2r(
     draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
     knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
@@ -499,66 +326,3 @@ def l2r(
     if knobs.alpha_c > 0:
         parts.append(("chain", -knobs.alpha_c, _chain_from_stats(stats, m)))
     return combine_terms(parts)
-
-
-LOSSES: dict[str, LossFn] = {
-    "uniform": uniform,
-    "decay": decay,
-    "dpace": dpace,
-    "dpace_cumulative": dpace_cumulative,
-    "dpace_continuation": dpace_continuation,
-    "dpace_target": dpace_target,
-    "accept_rate": accept_rate,
-    "topk_mask": topk_mask,
-    "dpakl": dpakl,
-    "l2r": l2r,
-    "auf": auf,
-    "auf_decay": auf_decay,
-    "kl": kl,
-    "kl_decay": kl_decay,
-}
-# Objectives that read the target's distribution (online logits or the cached top-k), not only labels.
-SOFT_TARGET_LOSSES = frozenset({"dpakl", "kl", "kl_decay"})
-# Extra named terms for composition (they carry their own normalisation).
-TERMS: dict[str, LossFn] = {"first_error_focal": first_error_focal, "chain_reward": chain_reward}
-
-
-def get_loss(name: str) -> LossFn:
-    """The objective called ``name`` in ``LOSSES``."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(sorted(LOSSES))}")
-    return LOSSES[name]
-
-
-def compose(coefficients: Mapping[str, float]) -> LossFn:
-    """A loss ``Σ c_t · term_t`` from names in ``LOSSES`` or ``TERMS`` (first = primary).
-
-    Example, AUF with the l2r extras: ``compose({"auf": 1.0, "first_error_focal": 0.3,
-    "chain_reward": -40.0})``.
-    """
-    known = {**LOSSES, **TERMS}
-    unknown = [name for name in coefficients if name not in known]
-    if unknown or not coefficients:
-        raise ValueError(f"cannot compose {unknown or 'nothing'}; valid names: {', '.join(sorted(known))}")
-
-    def composed(draft_logits, labels, mask, **kw) -> LossTerms:
-        return combine_terms(
-            [(name, c, known[name](draft_logits, labels, mask, **_accepted(known[name], kw)))
-             for name, c in coefficients.items()]
-        )
-
-    return composed
-
-
-def _accepted(fn: LossFn, kw: Mapping[str, object]) -> dict[str, object]:
-    """The keyword arguments ``fn`` takes: ``soft_targets`` reaches only the objectives that read it."""
-    parameters = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return dict(kw)  # a composed loss filters for its own terms
-    return {key: value for key, value in kw.items() if key in parameters}
-
-
-def call_loss(fn: LossFn, draft_logits: Tensor, labels: Tensor, mask: Tensor, **kw) -> LossTerms:
-    """``fn(draft_logits, labels, mask, **kw)`` with the keyword arguments ``fn`` does not take left out."""
-    return fn(draft_logits, labels, mask, **_accepted(fn, kw))
-

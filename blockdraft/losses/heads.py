@@ -1,9 +1,24 @@
-"""Training Domino's two branches: the `domino` objective and its AUF support variants.
+"""Objectives that read more than one distribution per slot: DSpark's heads and Domino's two branches.
 
-Domino's head gives two distributions per slot: the *base* branch (the backbone's logits U_k) and
+Both keep the common ``(draft_logits, labels, mask, *, knobs)`` signature and take their extra inputs
+as explicit keyword arguments, which the trainer's teacher-forced batch supplies
+(``train/batch.py``): ``dspark_heads`` the target's logits and the confidence logits, ``domino``
+the backbone's own logits (the base branch) and the branch weight λ.
+
+DSpark (``dspark_heads``), per slot k of a block (the DSpark notebook §8; DeepSpec `compute_dspark_loss`):
+
+    0.1·CE(U_k + bias_k, z*_k) + 0.9·‖q_k − p_k‖₁ + 1.0·BCE(c_k, clamp(1 − ½‖q_k − p_k‖₁, 0, 1))
+
+weighted by the decay w_k = exp(−(k−1)/γ) (γ = 4 for B = 7 in the DSpark layout) and normalised
+by Σ w·m, the denominator all three reference terms share. q_k = softmax(U_k + bias_k) is the
+drafter's full distribution, p_k the target's at the same slot (detached); 1 − ½‖q − p‖₁ is the
+exact acceptance probability of a token drawn from q under speculative sampling, the confidence
+head's target (detached, as in the reference).
+
+Domino (``domino``): Domino's head gives two distributions per slot: the *base* branch (the backbone's logits U_k) and
 the *final* branch (U_k + the GRU residual, what drafts at inference). Both are trained:
 
-    L = (1 − λ)·CE_final + λ·CE_base,    λ annealed 1 → 0 over training (`domino_lambda`)
+    L = (1 − λ)·CE_final + λ·CE_base,    λ annealed 1 → 0 over training (`train.schedule.domino_lambda`)
 
 so early updates shape the backbone as a plain block drafter and later ones the corrected
 proposals. Each CE is a weighted mean over its own *support*; Spec-AUF Table 3 (Spec-AUF §5.2)
@@ -32,10 +47,56 @@ down: its recipe keeps λ = 0.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from .. import acceptance
-from ..losses import LossKnobs, LossTerms, chunked_log_probs_of_labels, combine_terms, decay_weights, default_gamma
+from blockdraft import acceptance
+from blockdraft.loss_kernels import chunked_log_probs_of_labels
+
+from .terms import LossKnobs, LossTerms, combine_terms, decay_weights, default_gamma
+
+_KNOBS = LossKnobs()
+
+
+def dspark_heads(draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor,
+                 confidence_logits: Tensor | None = None, knobs: LossKnobs = _KNOBS, gamma: float | None = None,
+                 ce_weight: float = 0.1, l1_weight: float = 0.9, confidence_weight: float = 1.0) -> LossTerms:
+    """draft_logits (N, K, V) Markov-corrected; labels (N, K); mask (N, K) 0/1; target_logits (N, K, V);
+    confidence_logits (N, K) pre-sigmoid c_k, or None for a drafter without a confidence head; the decay
+    γ is `gamma`, else `knobs.gamma`, else the DFlash default for B = K + 1.
+
+    Returns LossTerms(num = Σ w_k m_k ℓ_k, den = Σ w_k m_k) with per-term diagnostics in `extras`.
+    """
+    if draft_logits.dim() != 3 or target_logits.shape != draft_logits.shape:
+        raise ValueError(f"draft_logits and target_logits must both be (N, K, V), got {tuple(draft_logits.shape)} "
+                         f"and {tuple(target_logits.shape)}")
+    if labels.shape != draft_logits.shape[:2] or mask.shape != labels.shape:
+        raise ValueError(f"labels {tuple(labels.shape)} and mask {tuple(mask.shape)} must be (N, K) = "
+                         f"{tuple(draft_logits.shape[:2])}")
+    if confidence_logits is not None and confidence_logits.shape != labels.shape:
+        raise ValueError(f"confidence_logits must be (N, K) = {tuple(labels.shape)}, "
+                         f"got {tuple(confidence_logits.shape)}")
+    K = labels.shape[1]
+    gamma = gamma if gamma is not None else knobs.gamma
+    weights = decay_weights(K, gamma if gamma is not None else default_gamma(K + 1), draft_logits.device)  # (K,)
+    n_idx, k_idx = mask.bool().nonzero(as_tuple=True)  # only valid slots are read
+    w = weights[k_idx]  # (R,)
+    log_q = torch.log_softmax(draft_logits[n_idx, k_idx].float(), dim=-1)  # (R, V)
+    p_target = torch.softmax(target_logits[n_idx, k_idx].detach().float(), dim=-1)  # (R, V)
+    ce = -log_q.gather(-1, labels[n_idx, k_idx].long()[:, None]).squeeze(-1)  # (R,)
+    l1 = (log_q.exp() - p_target).abs().sum(-1)  # (R,) ‖q − p‖₁ ∈ [0, 2]
+    accept = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)  # (R,) c*_k
+    per_slot = ce_weight * ce + l1_weight * l1
+    parts = {"ce": ce, "l1": l1, "accept_rate": accept}
+    if confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(confidence_logits[n_idx, k_idx].float(), accept, reduction="none")
+        per_slot = per_slot + confidence_weight * bce
+        parts["bce"] = bce
+    den = w.sum().detach()
+    with torch.no_grad():  # decay-weighted means of each term, for logs
+        extras = {name: (w * value).sum() / den.clamp(min=1e-12) for name, value in parts.items()}
+    return LossTerms((w * per_slot).sum(), den, extras)
+
 
 #: variant -> (base support, final support, decay inside the supports)
 DOMINO_VARIANTS: dict[str, tuple[str, str, bool]] = {
@@ -48,15 +109,6 @@ DOMINO_VARIANTS: dict[str, tuple[str, str, bool]] = {
     "F-AUF": ("base", "final", False),
     "F-AUF+D": ("base", "final", True),
 }
-
-
-def domino_lambda(step: int, total_steps: int, *, start: float = 1.0, end: float = 0.0,
-                  anneal_ratio: float = 1.0) -> float:
-    """λ at 0-based `step`: linear from `start` (step 0) to `end` at the last step of the first
-    `anneal_ratio` fraction of `total_steps`, then held at `end`."""
-    anneal_steps = max(1, round(anneal_ratio * total_steps))
-    progress = min(1.0, step / max(1, anneal_steps - 1))
-    return start + (end - start) * progress
 
 
 def _support(correct: Tensor | None, m: Tensor) -> Tensor:
@@ -84,7 +136,7 @@ def _branch(log_q: Tensor, m: Tensor, weights: Tensor, knobs: LossKnobs, num_seq
 
 
 def domino(final_logits: Tensor, labels: Tensor, mask: Tensor, *, base_logits: Tensor, lam: float,
-           variant: str = "decay", knobs: LossKnobs = LossKnobs(), num_sequences: int | None = None,
+           variant: str = "decay", knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
            target_logits: Tensor | None = None) -> LossTerms:
     """(1 − λ)·CE_final + λ·CE_base on the supports of `variant` (module doc).
 

@@ -1,0 +1,113 @@
+"""The trainer's data: tokenised conversations, the held-out split, target features (online or cached),
+the target's judgement of the text (teacher labels, soft targets) and the seeded order of batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+from ..losses import SOFT_TARGET_LOSSES
+from ..target import Target
+from .config import TrainConfig
+from .distributed import Distributed
+from .labels import Teacher, greedy_at_positions, policy_labels
+
+NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl", "dspark_heads"}
+ONLINE_ONLY = NEEDS_TARGET_LOGITS - SOFT_TARGET_LOSSES  # need full target logits; the cache keeps the top-k only
+
+
+def sequence_indices(step: int, config: TrainConfig, world_size: int, dataset_size: int) -> list[int]:
+    """Global positions of step `step`'s batch mapped through per-epoch seeded permutations."""
+    per_step = config.grad_accum * world_size
+    out = []
+    for position in range(step * per_step, (step + 1) * per_step):
+        epoch, offset = divmod(position, dataset_size)
+        order = torch.randperm(dataset_size, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+        out.append(int(order[offset]))
+    return out
+
+
+class TrainingData:
+    """Tokenised conversations plus their target features, online or from the cache."""
+
+    def __init__(self, config: TrainConfig, target: Target, layer_ids: tuple[int, ...], dist_info: Distributed):
+        from ..data.conversations import TokenizedDataset
+
+        if target.tokenizer is None:
+            raise ConfigError(f"target {config.target} has no tokenizer: training needs it to template conversations")
+        from ..runs import find_data
+
+        self.dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
+                                        min_length=config.block_size + 1)
+        self.target = target
+        self.layer_ids = layer_ids
+        names = set(config.loss_names())
+        # The target's judgement of the text: teacher-forced labels and soft targets.
+        self.labels = config.labels
+        self.needs_teacher = config.needs_teacher()
+        self.soft = bool(config.soft_target_terms())
+        self.with_logits = bool(names & NEEDS_TARGET_LOGITS) or self.needs_teacher
+        self.cache = None
+        if config.features == "cached":
+            online_only = sorted(names & ONLINE_ONLY)
+            if online_only:
+                raise ConfigError(f"objective {', '.join(online_only)} needs the target's full logits, which the "
+                                  "feature cache does not store (it keeps the top-k log-probabilities that kl, "
+                                  "kl_decay and dpakl read); use features=online")
+            from .features import FeatureCache, cache_features
+
+            folder = Path(config.feature_cache or Path(config.out_dir) / "features")
+            topk = config.resolved_cache_topk()
+            if dist_info.is_main:
+                cache_features(target, self.dataset, layer_ids, folder, topk=topk)
+            if dist_info.world_size > 1:
+                dist.barrier()
+            self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset, topk=topk, target=target)
+            self.with_logits = False
+
+        # A seeded split: the held-out conversations never appear in a training batch.
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(config.seed + 7919))
+        if config.heldout >= len(self.dataset):
+            raise ConfigError(f"heldout={config.heldout} leaves no training data ({len(self.dataset)} conversations)")
+        self.heldout = sorted(order[len(order) - config.heldout:].tolist()) if config.heldout else []
+        trainable = order[:len(order) - config.heldout].tolist()
+        if config.train_conversations is not None:
+            if config.train_conversations > len(trainable):
+                raise ConfigError(f"train_conversations={config.train_conversations} but {config.data} has only "
+                                  f"{len(trainable)} conversations besides the {config.heldout} held out")
+            trainable = trainable[:config.train_conversations]
+        self.train_ids = sorted(trainable)
+
+    def __len__(self) -> int:
+        return len(self.train_ids)
+
+    def get(self, index: int):
+        item = self.dataset[index]
+        device = self.target.device
+        input_ids, loss_mask = item.input_ids.to(device), item.loss_mask.to(device)
+        if self.cache is not None:
+            return input_ids, loss_mask, self.cache.features(index).to(device), None
+        out = self.target.features(input_ids[None], self.layer_ids, with_logits=self.with_logits)
+        return input_ids, loss_mask, out.features, out.logits
+
+    def teacher(self, index: int, input_ids: torch.Tensor, target_logits: torch.Tensor | None) -> Teacher | None:
+        """The target's greedy token at every position of sequence `index` and, from a cache, its top-k
+        rows; None when the run needs neither."""
+        if not self.needs_teacher:
+            return None
+        if self.cache is not None:
+            rows = self.cache.topk(index).to(input_ids.device)
+            return Teacher(greedy_at_positions(rows.greedy_next, input_ids[0]), rows)
+        return Teacher(greedy_at_positions(target_logits[0].argmax(-1), input_ids[0]), None)
+
+    def block_labels(self, teacher: Teacher | None, input_ids, loss_mask, anchors, block_size: int,
+                     policy: str | None = None):
+        """(labels, mask) (n, B - 1) in target ids of the blocks opened at `anchors` under the run's label
+        policy (or `policy`); None for "regenerated", whose labels are the text's own tokens."""
+        policy = policy or self.labels
+        if policy == "regenerated":
+            return None
+        return policy_labels(policy, input_ids, loss_mask, teacher.greedy, anchors, block_size)
