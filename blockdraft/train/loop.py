@@ -91,6 +91,9 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
 
 
+# ------------------------------------------------------------------ setup
+
+
 @dataclass
 class Run:
     """Everything a step needs, built once by `setup`."""
@@ -168,23 +171,7 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
     if state is not None:
         check_same_data(state, data.dataset.fingerprint, config, resume_from)
     if drafter is None:
-        draft_vocab = None
-        if config.draft_vocab_size and config.draft_vocab_size >= target.vocab_size and dist_info.is_main:
-            print(f"draft vocabulary: {config.draft_vocab_size} >= the target's {target.vocab_size}; using the "
-                  "full vocabulary", flush=True)
-        if config.draft_vocab_size and config.draft_vocab_size < target.vocab_size:
-            eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
-            # Counted on the training conversations only: the held-out ones must not shape the drafter.
-            training = [data.dataset[i] for i in data.train_ids]
-            draft_vocab = draft_vocabulary(training, config.draft_vocab_size, target.vocab_size, always=eos)
-            if dist_info.is_main:
-                held = f", {coverage([data.dataset[i] for i in data.heldout], draft_vocab):.1%} of the held-out " \
-                    "ones" if data.heldout else ""
-                print(f"draft vocabulary: {config.draft_vocab_size} of {target.vocab_size} tokens covers "
-                      f"{coverage(training, draft_vocab):.1%} of the supervised training tokens{held}", flush=True)
-        drafter = init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
-                               target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
-                               from_target_layers=config.init_from_target)
+        drafter = _new_drafter(config, target, data, dist_info)
     if drafter.config.block_size != config.block_size:
         raise ConfigError(f"block_size {config.block_size} does not match the drafter's {drafter.config.block_size}; "
                           f"set block_size={drafter.config.block_size}")
@@ -208,6 +195,27 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
     if dist_info.is_main:
         _print_banner(run)
     return run
+
+
+def _new_drafter(config: TrainConfig, target: Target, data: TrainingData, dist_info: Distributed) -> DFlashDrafter:
+    """A fresh drafter, its draft vocabulary (if reduced) counted on the training conversations."""
+    draft_vocab = None
+    if config.draft_vocab_size and config.draft_vocab_size >= target.vocab_size and dist_info.is_main:
+        print(f"draft vocabulary: {config.draft_vocab_size} >= the target's {target.vocab_size}; using the "
+              "full vocabulary", flush=True)
+    if config.draft_vocab_size and config.draft_vocab_size < target.vocab_size:
+        eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
+        # Counted on the training conversations only: the held-out ones must not shape the drafter.
+        training = [data.dataset[i] for i in data.train_ids]
+        draft_vocab = draft_vocabulary(training, config.draft_vocab_size, target.vocab_size, always=eos)
+        if dist_info.is_main:
+            held = f", {coverage([data.dataset[i] for i in data.heldout], draft_vocab):.1%} of the held-out " \
+                "ones" if data.heldout else ""
+            print(f"draft vocabulary: {config.draft_vocab_size} of {target.vocab_size} tokens covers "
+                  f"{coverage(training, draft_vocab):.1%} of the supervised training tokens{held}", flush=True)
+    return init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
+                        target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
+                        from_target_layers=config.init_from_target)
 
 
 def _print_banner(run: Run) -> None:
