@@ -6,11 +6,11 @@ reading the confidence head; DeLS-Spec's fusion head and Domino are slot heads p
 One round of `HeadedDrafter.propose`:
   1. one backbone pass gives the block's hidden states h_k and base logits U_k (parallel);
   2. a cheap left-to-right loop picks x_k from U_k rescored by each slot head in turn (the Markov
-     head's U_k + bias(x_{k-1}), x_0 = the anchor), by argmax or by sampling; when sampling, the full distribution q_k of
-     every slot goes to the verifier, which keeps decoding lossless (q_k depends on the drafted
-     prefix, as a small AR draft's does);
-  3. optional confidence pruning (`pruning.py`) with c_k = σ(proj([h_k ; W1[x_{k-1}]])), or, without
-     a confidence head, c_k = max_v q_k(v), the peak of the slot's own draft distribution.
+     head's U_k + bias(x_{k-1}), x_0 = the anchor), by argmax or by sampling; when sampling, the full
+     distribution q_k of every slot goes to the verifier, which keeps decoding lossless (q_k depends
+     on the drafted prefix, as a small AR draft's does);
+  3. optional pruning (`pruning.py`) with c_k = σ(proj([h_k ; W1[x_{k-1}]])) of the confidence head,
+     or, without one, c_k = max_v q_k(v), the peak of the slot's own draft distribution.
 Pruning decides on slot k from c_1..c_k only, so whether x_k is proposed never depends on x_k
 itself and sampled verification stays lossless; it only shortens the proposal, and what is emitted
 is still decided by the lossless verifier. The decoding loop sees the same `Drafter` protocol as
