@@ -104,6 +104,9 @@ class DFlashConfig:
     attention_bias: bool = False
     layout: str = "dflash"  # "dspark": the anchor slot also predicts (the DSpark layout)
     draft_vocab_size: int | None = None  # reduced draft vocabulary (EAGLE-3 style); None = the full vocabulary
+    # What the target's input embedding multiplies its raw table by (Gemma: sqrt(H)); None = not recorded.
+    input_embedding_scale: float | None = None
+    final_logit_softcapping: float | None = None  # the target's final logit soft-cap, if it has one
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -126,6 +129,9 @@ class DFlashConfig:
             raise ConfigError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ConfigError(f"draft_vocab_size must be in [1, {self.vocab_size}], got {self.draft_vocab_size}")
+        for name in ("input_embedding_scale", "final_logit_softcapping"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ConfigError(f"dflash_config.{name} must be a positive number or absent, got {getattr(self, name)}")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
@@ -158,6 +164,10 @@ class DFlashConfig:
             "num_target_layers": self.num_target_layers,
             "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
         })
+        # The reference package, vLLM and SGLang read these two from dflash_config.
+        for name in ("input_embedding_scale", "final_logit_softcapping"):
+            if getattr(self, name) is not None:
+                out["dflash_config"][name] = getattr(self, name)
         if self.layout != "dflash":
             out["blockdraft_layout"] = self.layout
         if self.draft_vocab_size is not None:
@@ -191,7 +201,7 @@ class DFlashConfig:
             rope["rope_theta"] = raw.get("rope_theta", 1e6)
         known = {f.name for f in dataclasses.fields(cls)} | {
             "architectures", "model_type", "rope_theta", "rope_scaling", "hidden_act", "tie_word_embeddings",
-            "dflash_config", "blockdraft_layout"}
+            "dflash_config", "blockdraft_layout", "input_embedding_scale", "final_logit_softcapping"}
         heads = raw.get("num_attention_heads")
         if not isinstance(heads, int) or not isinstance(raw["hidden_size"], int) or heads < 1:
             raise ConfigError(f"config.json: hidden_size and num_attention_heads must be positive integers, got "
@@ -212,6 +222,8 @@ class DFlashConfig:
             rope_parameters=rope, attention_bias=raw.get("attention_bias", False),
             layout=raw.get("blockdraft_layout", "dflash"),
             draft_vocab_size=raw.get("draft_vocab_size"),
+            input_embedding_scale=dflash.get("input_embedding_scale", raw.get("input_embedding_scale")),
+            final_logit_softcapping=dflash.get("final_logit_softcapping", raw.get("final_logit_softcapping")),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

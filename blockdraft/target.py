@@ -114,6 +114,23 @@ class Target:
         return self.model.get_input_embeddings()
 
     @property
+    def input_embedding_scale(self) -> float | None:
+        """The constant `embed_tokens` multiplies its raw table by (1.0 for a plain table, sqrt(H) for
+        Gemma), as a float32 value; None when the embedding is not a constant multiple of its table."""
+        embed = self.embed_tokens
+        scale = getattr(embed, "scalar_embed_scale", None)  # Gemma keeps the exact value beside its buffer
+        if scale is None:
+            scale = getattr(embed, "embed_scale", 1.0)
+        scale = float(torch.tensor(float(scale), dtype=torch.float32))
+        probe = torch.arange(min(8, self.vocab_size), device=self.device)[None]
+        with torch.no_grad():
+            raw = embed.weight[probe].float()
+            # Loose enough for a bf16 table (the model rounds the scale to its dtype), tight enough for 1 vs sqrt(H).
+            if not torch.allclose(embed(probe).float(), raw * scale, rtol=1e-2, atol=1e-6):
+                return None
+        return scale
+
+    @property
     def lm_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
 

@@ -72,7 +72,10 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path):
     saved = json.loads((tmp_path / "d" / "config.json").read_text())
     assert saved["architectures"] == ["DFlashDraftModel"]
     assert saved["block_size"] == 6 and saved["num_target_layers"] == 4
-    assert set(saved["dflash_config"]) == {"mask_token_id", "target_layer_ids"}
+    # input_embedding_scale: what a loader multiplies the target's raw embedding table by (1 here, sqrt(H) for Gemma)
+    assert saved["dflash_config"] == {"mask_token_id": drafter.config.mask_token_id,
+                                      "target_layer_ids": list(drafter.config.target_layer_ids),
+                                      "input_embedding_scale": 1.0}
     from safetensors import safe_open
     with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
         keys = set(f.keys())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -87,6 +88,25 @@ def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: M
     atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
 
 
+def zero_missing_o_proj_bias(model: DFlashDraftModel, state: Mapping[str, torch.Tensor],
+                             source: str | Path) -> dict[str, torch.Tensor]:
+    """Zeros for the `layers.{i}.self_attn.o_proj.bias` a checkpoint lacks when `attention_bias` is set.
+
+    blockdraft before the released layer's o_proj bias was matched wrote Qwen2-family drafters without
+    it; they computed with no bias, so zeros reproduce them exactly (never a random initialisation).
+    Only a file lacking every o_proj bias is completed, with a one-line note; a partial set stays an error.
+    """
+    if not model.config.attention_bias:
+        return {}
+    keys = [f"layers.{i}.self_attn.o_proj.bias" for i in range(model.config.num_hidden_layers)]
+    if any(key in state for key in keys):
+        return {}
+    dtype = state["fc.weight"].dtype if "fc.weight" in state else torch.float32
+    print(f"note: {source} has no self_attn.o_proj.bias (saved by an earlier blockdraft); using zeros, "
+          "which is what it computed", file=sys.stderr)
+    return {key: torch.zeros(model.config.hidden_size, dtype=dtype) for key in keys}
+
+
 def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
                        device: str | torch.device | None = None) -> DFlashDraftModel:
     folder = Path(path)
@@ -108,6 +128,7 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
     state = {key: tensor for key, tensor in state.items() if not (prefixes and key.startswith(prefixes))}
     model = DFlashDraftModel(config)
     expected = {k for k in model.state_dict() if not k.startswith("rotary_emb.")}
+    state.update(zero_missing_o_proj_bias(model, state, weights))
     missing = sorted(expected - state.keys())
     unexpected = sorted(state.keys() - expected)
     if missing or unexpected:
@@ -152,6 +173,7 @@ def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int =
         rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), max_position_embeddings=target.max_positions,
         rope_parameters=rope, draft_vocab_size=draft_vocab_size,
         attention_bias=target.model.model.layers[0].self_attn.q_proj.bias is not None,
+        input_embedding_scale=target.input_embedding_scale, final_logit_softcapping=target.softcap or None,
     )
 
 

@@ -10,6 +10,8 @@ Module names equal the released checkpoint keys, so `state_dict()` is the releas
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,7 +79,8 @@ class DFlashAttention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        # With attention_bias (Qwen2-family targets) the released layer biases o_proj too, not only q/k/v.
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
@@ -309,6 +312,14 @@ def check_compatible(config: DFlashConfig, target: Target) -> None:
         problems.append(f"vocabulary {config.vocab_size} vs target {target.vocab_size}")
     if config.num_target_layers != target.num_layers:
         problems.append(f"num_target_layers {config.num_target_layers} vs target's {target.num_layers} layers")
+    # Recorded for other engines (dflash_config); this drafter embeds and caps exactly as the target does,
+    # so a recorded value that disagrees with the target means another target.
+    if config.input_embedding_scale is not None:
+        scale = target.input_embedding_scale
+        if scale is None or not math.isclose(config.input_embedding_scale, scale, rel_tol=1e-2):
+            problems.append(f"input_embedding_scale {config.input_embedding_scale} vs the target's {scale}")
+    if config.final_logit_softcapping is not None and config.final_logit_softcapping != target.softcap:
+        problems.append(f"final_logit_softcapping {config.final_logit_softcapping} vs the target's {target.softcap}")
     if problems:
         raise ConfigError("this drafter was built for a different target: " + "; ".join(problems)
                           + ". Train or init a drafter for this target (`blockdraft init-drafter --target ...`).")
