@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     measure.add_compare(sub)
     measure.add_machine_benchmarks(sub)
     train.add_import_dspark(sub)
+    train.add_export(sub)
     train.add_local_heads(sub)
     return parser
 

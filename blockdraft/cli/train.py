@@ -1,4 +1,4 @@
-"""`init-drafter`, `train`, `import-dspark` and the DeLS-Spec local-head commands: making drafters."""
+"""`init-drafter`, `train`, `import-dspark`, `export` and the DeLS-Spec local-head commands: making drafters."""
 
 from __future__ import annotations
 
@@ -55,6 +55,24 @@ def cmd_import_dspark(args: argparse.Namespace) -> int:
     target = load_target(args.target) if args.target else None  # its stored dtype: the copies compare exactly
     report = import_dspark(args.src, args.out, target=target, overwrite=args.overwrite)
     print(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..checkpoints import export_drafter
+    from ..files import check_out_dir
+    from ..target import load_target, resolve_model_path
+
+    if not Path(args.drafter).is_dir():
+        raise ConfigError(f"drafter folder {args.drafter} does not exist")
+    check_out_dir(args.out, "drafter", overwrite=args.overwrite,
+                  protect=[args.drafter, resolve_model_path(args.target) if args.target else None])
+    target = load_target(args.target) if args.target else None  # its stored dtype: the tables it lends stay exact
+    notes = export_drafter(args.drafter, args.out, args.consumer, target=target, full_vocab=args.full_vocab,
+                           overwrite=args.overwrite)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {args.out} for {args.consumer}")
     return 0
 
 
@@ -192,6 +210,23 @@ def add_import_dspark(sub) -> None:
     p.add_argument("--target", default=None,
                    help="target model: checks the stored embed_tokens/lm_head against it and fills num_target_layers")
     p.set_defaults(func=cmd_import_dspark)
+
+
+def add_export(sub) -> None:
+    from ..checkpoints.export import CONSUMERS
+
+    p = sub.add_parser("export", help="write a drafter folder for the reference dflash package, vLLM or SGLang")
+    p.add_argument("drafter", help="drafter folder (config.json + model.safetensors)")
+    p.add_argument("--for", dest="consumer", required=True, choices=CONSUMERS,
+                   help="the engine that will load it (see docs/export.md)")
+    p.add_argument("--out", required=True, help="output folder")
+    add_overwrite_flag(p)
+    p.add_argument("--target", default=None,
+                   help="target model; needed for vLLM with a reduced vocabulary or a scaled embedding (Gemma), "
+                        "and for drafters that do not record their embedding scale")
+    p.add_argument("--full-vocab", action="store_true",
+                   help="zlab/sglang: export a reduced-vocabulary drafter anyway, drafting over every token")
+    p.set_defaults(func=cmd_export)
 
 
 def add_local_heads(sub) -> None:

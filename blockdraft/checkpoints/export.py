@@ -1,0 +1,135 @@
+"""Drafter folders for other engines (`blockdraft export DRAFTER --for zlab|vllm|sglang`).
+
+Our native folder is already the released DFlash format; what differs per consumer is what it can
+express. Every consumer builds the same Qwen3-style layer (q/k/v/o biases when `attention_bias`) and
+reads the backbone keys `layers.{i}...`, `fc.weight`, `hidden_norm.weight`, `norm.weight` with
+`dflash_config.{mask_token_id,target_layer_ids}`. Beyond that (read from their loader code):
+
+- `zlab`, the reference package (`dflash` 0.1.0, `DFlashDraftModel.from_pretrained` + `dflash_generate`):
+  embeds the block as the target's raw table times `dflash_config.input_embedding_scale` and scores it
+  with the target's whole LM head, soft-capped by `dflash_config.final_logit_softcapping`.
+- `vllm` (0.33.0, `DFlashQwen3ForCausalLM`): a reduced vocabulary is `draft_vocab_size`, a tensor `d2t`
+  of offsets (draft id i scores target id i + d2t[i]) and the kept LM-head rows as `lm_head.weight`.
+  Its DFlash layer neither scales input embeddings nor soft-caps logits; a scaled embedding is shipped
+  as the target's scaled table in `embed_tokens.weight` (which it then keeps instead of sharing).
+- `sglang` (0.5.23, `DFlashDraftModel`): drafts greedily over the target's whole vocabulary, embedding
+  with the target model's own embedding module (Gemma 3's scales by sqrt(H)); unknown tensors are ignored.
+
+What is exact: the backbone, always. Heads (Markov, confidence, DeLS local, Domino) are this library's
+and are dropped with a note; the plain backbone is a drafter of its own. A reduced draft vocabulary
+(our `vocab_map.d2t`: draft id i scores target id d2t[i] with the target's own LM-head row, and the
+drafter's `q` is zero elsewhere) converts exactly for vLLM. zlab and SGLang score every target token,
+and the rows we leave out were never trained against, so their drafts would differ: refused unless
+`full_vocab=True`. A DSpark-layout drafter (its anchor slot predicts) has no exact form anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..config import ConfigError, DFlashConfig
+from ..drafters.dflash import check_compatible
+from ..files import atomic_write_folder
+from ..target import Target
+from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
+
+CONSUMERS = ("zlab", "vllm", "sglang")
+
+
+def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, *, target: Target | None = None,
+                   full_vocab: bool = False, overwrite: bool = False) -> list[str]:
+    """Write the folder `consumer` reads from the drafter at `drafter_dir`; returns one note per thing
+    dropped or converted. `target` is needed only when the export reads target weights (vLLM with a
+    reduced vocabulary or a scaled embedding) or the drafter predates recording its embedding scale."""
+    if consumer not in CONSUMERS:
+        raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)}, got {consumer!r}")
+    model = load_drafter_model(drafter_dir)  # validates the folder; heads stay in the file, unread
+    config = model.config
+    if target is not None:
+        check_compatible(config, target)
+    if config.layout != "dflash":
+        raise ConfigError(f"{drafter_dir} uses the {config.layout} layout (its anchor slot predicts too); the DFlash "
+                          f"loader of {consumer} conditions on the anchor only, so it cannot reproduce this drafter")
+    notes = [f"dropped the {name} head (blockdraft's own; {consumer} drafts with the backbone alone)"
+             for name in config.extra.get("heads") or {}]
+    stored = _stored_dtype(Path(drafter_dir))
+    state = {key: tensor.to(stored).contiguous() for key, tensor in model.state_dict().items()
+             if not key.startswith(("rotary_emb.", "vocab_map."))}
+    scale, softcap = _embedding_and_cap(config, target, drafter_dir)
+    config = dataclasses.replace(config, input_embedding_scale=scale, final_logit_softcapping=softcap,
+                                 draft_vocab_size=None,
+                                 extra={k: v for k, v in config.extra.items() if k != "heads"})
+
+    d2t = None if model.vocab_map is None else model.vocab_map.d2t
+    if d2t is not None and torch.equal(d2t, torch.arange(config.vocab_size)):
+        notes.append("dropped the draft vocabulary map: it kept every token in order")
+        d2t = None
+    if d2t is not None and consumer == "vllm":
+        head = _need(target, "vLLM reads a reduced vocabulary's LM-head rows from the drafter folder")
+        state["lm_head.weight"] = head.lm_head.weight.detach().cpu()[d2t].contiguous()  # (Vd, H), target dtype
+        state["d2t"] = d2t - torch.arange(d2t.numel())  # vLLM: target id = i + d2t[i]
+        config = dataclasses.replace(config, draft_vocab_size=int(d2t.numel()))
+        notes.append(f"converted the {d2t.numel()}-token draft vocabulary to vLLM's d2t offsets + lm_head rows")
+    elif d2t is not None:
+        if not full_vocab:
+            raise ConfigError(
+                f"{consumer} drafts over the target's whole vocabulary, but this drafter scores only "
+                f"{d2t.numel()} of its {config.vocab_size} tokens: its drafts there would differ from ours. Export "
+                f"--for vllm (exact), or pass --full-vocab to export the backbone for {consumer} anyway "
+                "(verification stays lossless; acceptance may change)")
+        notes.append(f"dropped the {d2t.numel()}-token draft vocabulary (--full-vocab): {consumer} drafts over all "
+                     f"{config.vocab_size} tokens, so its drafts can differ from ours")
+
+    if consumer == "vllm" and scale != 1.0:
+        embed = _need(target, "vLLM does not scale input embeddings, so the scaled table is shipped")
+        with torch.no_grad():
+            table = embed.embed_tokens(torch.arange(config.vocab_size, device=embed.device)[None])[0]
+        state["embed_tokens.weight"] = table.cpu().contiguous()  # (V, H): what our drafter embeds
+        # The shipped table is already scaled: a reader applying input_embedding_scale must not scale it again.
+        config = dataclasses.replace(config, input_embedding_scale=1.0)
+        notes.append(f"shipped the target's embedding table times {scale:g} as embed_tokens.weight: vLLM's DFlash "
+                     "layer does not apply input_embedding_scale")
+    if consumer == "sglang" and scale != 1.0:
+        notes.append(f"SGLang embeds with the target model's own embedding module (scaled by {scale:g} for Gemma 3), "
+                     "except under attention data parallelism, where it reads the raw table")
+    if softcap is not None and consumer in ("vllm", "sglang"):
+        notes.append(f"{consumer}'s DFlash drafter does not soft-cap logits ({softcap:g}): greedy drafts are unchanged"
+                     + (", sampled drafts use uncapped q" if consumer == "vllm" else ""))
+
+    def write(folder: Path) -> None:
+        (folder / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+    atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
+    return notes
+
+
+def _stored_dtype(folder: Path) -> torch.dtype:
+    with safe_open(str(folder / WEIGHTS_NAME), "pt") as handle:
+        return handle.get_tensor("fc.weight").dtype
+
+
+def _need(target: Target | None, why: str) -> Target:
+    if target is None:
+        raise ConfigError(f"{why}: pass --target (the model this drafter was trained for)")
+    return target
+
+
+def _embedding_and_cap(config: DFlashConfig, target: Target | None, drafter_dir) -> tuple[float, float | None]:
+    """The input-embedding scale and final soft-cap our drafting uses: recorded in config.json since
+    blockdraft records them; read from the target for older drafters."""
+    if config.input_embedding_scale is not None:
+        return config.input_embedding_scale, config.final_logit_softcapping
+    target = _need(target, f"{drafter_dir}/config.json does not record dflash_config.input_embedding_scale "
+                           "(saved by an earlier blockdraft), which every consumer needs")
+    scale = target.input_embedding_scale
+    if scale is None:
+        raise ConfigError("the target's input embedding is not a constant multiple of its table, which no DFlash "
+                          "loader can express; this drafter cannot be exported exactly")
+    return scale, target.softcap or None
