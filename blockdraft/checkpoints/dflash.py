@@ -1,7 +1,8 @@
 """The released DFlash drafter format: `config.json` + `model.safetensors`, and fresh drafters in it.
 
 Our module names equal the released key names (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`,
-`hidden_norm.weight`, `norm.weight`, no prefix), so the DFlash key map is the identity. Imports of
+`hidden_norm.weight`, `norm.weight`, no prefix; `{q,k,v,o}_proj.bias` when `attention_bias`), so the
+DFlash key map is the identity. Imports of
 other layouts rename keys through `KEY_MAPS`, one table per source format. Saving is atomic: a
 temporary folder is renamed into place, so an interrupted save never leaves a half checkpoint.
 """
