@@ -95,6 +95,8 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
         config = dataclasses.replace(config, input_embedding_scale=1.0)
         notes.append(f"shipped the target's embedding table times {scale:g} as embed_tokens.weight: vLLM's DFlash "
                      "layer does not apply input_embedding_scale")
+        notes.append("vLLM (0.32-0.33) drafts only for targets that expose auxiliary hidden states (its EAGLE-3 "
+                     "interface), which its Gemma 3 model does not yet: it refuses to serve this drafter there")
     if consumer == "sglang" and scale != 1.0:
         notes.append(f"SGLang embeds with the target model's own embedding module (scaled by {scale:g} for Gemma 3), "
                      "except under attention data parallelism, where it reads the raw table")
