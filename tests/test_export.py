@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM
 
 import blockdraft
 from blockdraft.checkpoints import export_drafter, init_drafter, load_drafter, save_drafter
-from blockdraft.config import ConfigError, SamplingConfig
+from blockdraft.config import ConfigError
 from blockdraft.target import Target
 from blockdraft.tiny import tiny_config, tiny_target
-from helpers import assert_same_proposals, own_text, prompts
 from blockdraft.train.quick import quick_fit
+from helpers import assert_same_proposals, own_text, prompts
 
 BACKBONE_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                      "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",

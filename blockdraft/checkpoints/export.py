@@ -123,7 +123,8 @@ def _need(target: Target | None, why: str) -> Target:
     return target
 
 
-def _embedding_and_cap(config: DFlashConfig, target: Target | None, drafter_dir) -> tuple[float, float | None]:
+def _embedding_and_cap(config: DFlashConfig, target: Target | None,
+                       drafter_dir: str | Path) -> tuple[float, float | None]:
     """The input-embedding scale and final soft-cap our drafting uses: recorded in config.json since
     blockdraft records them; read from the target for older drafters."""
     if config.input_embedding_scale is not None:
