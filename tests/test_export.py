@@ -363,12 +363,13 @@ def test_full_vocabulary_consumers_refuse_a_reduced_vocabulary_unless_asked(cons
 
 def test_heads_are_dropped_with_a_note_and_the_backbone_loads_in_the_reference(tmp_path):
     from blockdraft.checkpoints import save_headed_drafter
-    from blockdraft.drafters.headed import HeadedDrafter
-    from blockdraft.drafters.heads import ConfidenceHead, MarkovHead
+    from blockdraft.drafters.confidence import ConfidenceHead
+    from blockdraft.drafters.markov import MarkovHead
+    from helpers import headed
 
     target = tiny_target("qwen3")
     backbone = init_drafter(target, num_layers=1, block_size=5)
-    save_headed_drafter(HeadedDrafter(backbone, MarkovHead(target.vocab_size, 8), ConfidenceHead(target.hidden_size, 8)),
+    save_headed_drafter(headed(backbone, MarkovHead(target.vocab_size, 8), ConfidenceHead(target.hidden_size, 8)),
                         tmp_path / "headed")
     assert any(key.startswith("markov_head.") for key in file_keys(tmp_path / "headed"))
     notes = export_drafter(tmp_path / "headed", tmp_path / "zlab", "zlab")
