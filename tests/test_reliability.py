@@ -111,6 +111,22 @@ def test_resume_refuses_a_pickle_payload_without_running_it(root, tmp_path):
     assert not marker.exists()
 
 
+
+def test_resume_refuses_optimizer_state_for_other_parameters(root, tmp_path):
+    """A run saved by an older drafter layout (e.g. Qwen2 drafters before the o_proj bias) names the way
+    on, instead of torch's bare ValueError from load_state_dict."""
+    out = tmp_path / "run"
+    cfg = config(root, out)
+    train(cfg, stop_after=2)
+    state_path = out / "checkpoints" / "step_000002" / "train_state.pt"
+    state = torch.load(state_path, weights_only=True)
+    dropped = state["optimizer"]["param_groups"][0]["params"].pop()
+    state["optimizer"]["state"].pop(dropped, None)
+    torch.save(state, state_path)
+    with pytest.raises(ConfigError, match="drafter_init="):
+        train(cfg, resume=True)
+
+
 # ------------------------------------------------------------------ 3. target weights and folders
 
 

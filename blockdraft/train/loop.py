@@ -185,6 +185,13 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
     wrapped = DistributedDataParallel(model) if ddp else model
     optimizer = torch.optim.AdamW(backbone_params + head_params, lr=config.lr, weight_decay=config.weight_decay)
     if state is not None:
+        saved = sum(len(group["params"]) for group in state["optimizer"]["param_groups"])
+        if saved != len(backbone_params) + len(head_params):
+            # e.g. a Qwen2-family run saved before the drafter carried the released layer's o_proj bias
+            raise ConfigError(f"{resume_from} holds optimizer state for {saved} parameter tensors but the drafter "
+                              f"now trains {len(backbone_params) + len(head_params)} (it was saved by an older "
+                              f"blockdraft); continue from its weights in a new out_dir with "
+                              f"drafter_init={resume_from}")
         optimizer.load_state_dict(state["optimizer"])
     loss_fn = compose({config.objective: 1.0, **config.objective_terms}) if config.objective_terms \
         else get_loss(config.objective)
