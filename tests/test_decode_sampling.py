@@ -28,8 +28,9 @@ def make_target(seed=0):
     return tiny_target("qwen3", vocab_size=VOCAB, hidden_size=32, num_layers=3, seed=seed)
 
 
-def exact_joint(target, sampling, prompt=PROMPT):
+def exact_joint(target, sampling, prompt=None):
     """P(t1, t2, t3) under plain target sampling, by enumerating every prefix in one batch."""
+    prompt = PROMPT if prompt is None else prompt  # read at call time: test_tree.py monkeypatches PROMPT
     prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW - 1)))  # (V^2, 2)
     batch = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1)
     with torch.no_grad():
