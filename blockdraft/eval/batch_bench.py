@@ -3,7 +3,8 @@
 Each dataset's prompts are cut into consecutive batches of each batch size (the last one may be
 shorter); every batch runs every method of our loop (`ar`, `small-ar`, `dflash`) in turn through
 `generate_batch`, the order rotating by one method per batch, after one warm-up batch per method and
-batch size. Batched runs measure each prompt's first turn.
+batch size. Batch sizes take turns too (a batch runs when its first prompt comes up), so drift or
+another process on the machine hits every size alike. Batched runs measure each prompt's first turn.
 
 A record is one request (one row of a batch) with the usual fields plus `batch_size`, `batch` (the
 batch's index within its dataset) and `batch_prompt_ids`. A row's `decode_s` is its latency, from the
@@ -60,7 +61,9 @@ def pending_batches(prompt_sets: dict, batch_sizes: tuple[int, ...], records: li
                     stale.add(key)
                 pending.append((size, name, index, group))
     records[:] = [r for r in records if (r.get("batch_size"), r["dataset"], r.get("batch")) not in stale]
-    return pending
+    # Batch sizes take turns along the prompt list (a batch runs when its first prompt comes up), so slow
+    # drift or another process on the machine hits every batch size alike, as it hits every method alike.
+    return sorted(pending, key=lambda item: (item[2] * item[0], item[0]))
 
 
 def measure_batches(pending: list[tuple], runners: list, tokenizer, config, results: dict, session: dict,
