@@ -119,10 +119,11 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
             print(json.dumps({"id": row_id, "text": text, **result.to_dict()}))
         else:
             print(f"--- {row_id}\n{text}")
-    decode_s = max(result.decode_s for result in results)
-    tokens = sum(len(result.tokens) - 1 for result in results)
-    print(f"\n[{len(results)} prompts | {tokens + len(results)} tokens | prefill {results[0].prefill_s * 1000:.0f} ms | "
-          f"decode {tokens / decode_s if decode_s > 0 else float('nan'):.1f} tok/s in total]", file=sys.stderr)
+    decode_s = max(result.decode_s for result in results)  # the batch's decode time: its slowest row
+    tokens = sum(len(result.tokens) - 1 for result in results)  # the first token of each row comes from prefill
+    speed = tokens / decode_s if decode_s > 0 else float("nan")
+    print(f"\n[{len(results)} prompts | {tokens + len(results)} tokens | prefill {results[0].prefill_s * 1000:.0f} "
+          f"ms | decode {speed:.1f} tok/s in total]", file=sys.stderr)
     return 0
 
 
