@@ -5,6 +5,7 @@
     drafter = blockdraft.load_drafter("path/to/drafter", target)
     result = blockdraft.generate(target, drafter, prompt_ids, max_new_tokens=128)
     result.tokens, result.tau, result.rounds
+    results = blockdraft.generate_batch(target, drafter, [ids_a, ids_b, ids_c], max_new_tokens=128)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 
 from .checkpoints import init_drafter, load_drafter, save_drafter  # noqa: E402
 from .config import ConfigError, DFlashConfig, SamplingConfig  # noqa: E402
+from .decode.batch import batch_generate  # noqa: E402
 from .decode.loop import GenerationResult, RoundRecord, speculative_generate  # noqa: E402
 from .drafters.base import Drafter, NoDrafter, Proposal  # noqa: E402
 from .target import Target, load_target  # noqa: E402
@@ -52,6 +54,44 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
                                 stop_token_ids=stops, seed=seed, num_proposals=num_proposals, record_q=record_q)
 
 
+def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor | Sequence[int]], *,
+                   max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                   stop_token_ids: Iterable[int] | None = None, seed: int | Sequence[int | None] | None = 0,
+                   draft_argmax: bool = False, num_proposals: int | None = None,
+                   record_q: bool = False) -> list[GenerationResult]:
+    """Decode several prompts (of any lengths) together; one `GenerationResult` per prompt, in order.
+
+    The target verifies every row in one pass; each row keeps its own length, acceptance and stop, and
+    its tokens are what `generate` gives for that prompt alone (greedy: the same tokens; sampling: the
+    same distribution). All rows share one temperature/top-k/top-p. `seed`: an integer gives row r the
+    seed `seed + r`; a list gives one seed per row (the same seed as `generate` draws the same tokens).
+    Drafters: plain (None), small-AR and DFlash; trees and headed drafters are batch-1 only.
+    """
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
+        if isinstance(value, (list, tuple)) or isinstance(value, torch.Tensor):
+            raise ConfigError(f"{name} is one value for all rows: mixed sampling settings per row are not supported; "
+                              "batch the prompts that share settings, one generate_batch call per setting")
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or not len(prompts):
+        raise ConfigError("prompts must be a non-empty list of prompts (each a token-id list or a (1, L) tensor)")
+    tensors = [_prompt_tensor(prompt) for prompt in prompts]
+    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_proposals", num_proposals, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        seeds = [seed + row for row in range(len(tensors))]
+    elif seed is None:
+        seeds = [None] * len(tensors)
+    elif isinstance(seed, Sequence) and all(s is None or (isinstance(s, int) and not isinstance(s, bool))
+                                            for s in seed):
+        seeds = list(seed)
+    else:
+        raise ConfigError(f"seed must be an integer, a list of integers (one per prompt) or None, got {seed!r}")
+    stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
+    return batch_generate(target, drafter, tensors, max_new_tokens=max_new_tokens, sampling=sampling,
+                          stop_token_ids=stops, seeds=seeds, num_proposals=num_proposals, record_q=record_q)
+
+
 def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """(1, L) int64 token ids from a tensor or a list; refuses floats, empty prompts and batches."""
     if not isinstance(prompt_ids, torch.Tensor):
@@ -73,5 +113,5 @@ def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
 
 
 __all__ = ["ConfigError", "DFlashConfig", "Drafter", "GenerationResult", "NoDrafter", "Proposal", "RoundRecord",
-           "SamplingConfig", "Target", "generate", "init_drafter", "load_drafter", "load_target", "save_drafter",
-           "speculative_generate", "__version__"]
+           "SamplingConfig", "Target", "batch_generate", "generate", "generate_batch", "init_drafter", "load_drafter",
+           "load_target", "save_drafter", "speculative_generate", "__version__"]

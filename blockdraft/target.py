@@ -77,8 +77,8 @@ def pick_device(name: str | None, *, field: str = "--device") -> torch.device:
 
 @dataclass
 class TargetOutput:
-    logits: torch.Tensor | None  # (1, n_kept, V) float32
-    features: torch.Tensor | None  # (1, n, len(layer_ids) * H) or None when no layers were asked
+    logits: torch.Tensor | None  # (R, n_kept, V) float32; R = 1 but in forward_rows
+    features: torch.Tensor | None  # (R, n, len(layer_ids) * H) or None when no layers were asked
 
 
 class Target:
@@ -185,6 +185,53 @@ class Target:
         if layer_ids:
             features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, n, L*H)
         return TargetOutput(logits=out.logits.float(), features=features)
+
+    def check_batchable(self) -> None:
+        """Rows of different lengths share one padded cache; a sliding-window layer would drop slots by a
+        common count and break that, so such targets decode one sequence at a time."""
+        kinds = set(getattr(self.config, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"}:
+            raise ConfigError(f"{self.name} has sliding-window attention layers ({sorted(kinds)}); batched decoding "
+                              "supports full-attention targets only: decode its prompts one at a time (generate)")
+
+    @torch.inference_mode()
+    def forward_rows(self, input_ids: torch.Tensor, starts: torch.Tensor, cache: DynamicCache,
+                     layer_ids: Sequence[int] = (), logits_to_keep: int | torch.Tensor = 0) -> TargetOutput:
+        """Run rows of different committed lengths in one pass: input_ids (R, n), row r at positions
+        starts[r] .. starts[r]+n-1.
+
+        Row r's past is cache slots 0..starts[r]-1 (each row left-aligned; slots beyond hold padding or
+        another row's longer past and are masked out). The new tokens land in the cache's next n slots
+        and see each other causally; `pack_rows` then moves what a row keeps next to its past.
+        """
+        rows, n = input_ids.shape
+        device = input_ids.device
+        past = cache.get_seq_length()
+        positions = starts[:, None] + torch.arange(n, device=device)  # (R, n)
+        past_visible = torch.arange(past, device=device)[None] < starts[:, None]  # (R, past)
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
+        allowed = torch.cat([past_visible[:, None].expand(rows, n, past), causal.expand(rows, n, n)], dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
+        mask = mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]  # (R, 1, n, past + n)
+        out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                         attention_mask=mask, output_hidden_states=bool(layer_ids), logits_to_keep=logits_to_keep)
+        features = None
+        if layer_ids:
+            features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (R, n, L*H)
+        return TargetOutput(logits=out.logits.float(), features=features)
+
+    @staticmethod
+    def pack_rows(cache: DynamicCache, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Rebuild a batched cache: new row i, slot j = old row rows[i], slot slots[i, j] (rows (R',),
+        slots (R', S')). Used after `forward_rows` to keep each row's accepted tokens next to its past
+        and to let finished rows leave the batch."""
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
+            index = slots[:, None, :, None].expand(-1, heads, -1, dim)  # (R', kv, S', hd)
+            layer.keys = layer.keys[rows].gather(2, index)
+            layer.values = layer.values[rows].gather(2, index)
 
     @torch.inference_mode()
     def forward_tree(self, input_ids: torch.Tensor, start: int, cache: DynamicCache, parents: torch.Tensor,

@@ -8,6 +8,7 @@ from blockdraft.checkpoints import init_drafter, save_drafter
 from blockdraft.cli import main
 from blockdraft.eval import bench as bench_module
 from blockdraft.eval import metrics as M
+from blockdraft.eval.batch_bench import batch_summary
 from blockdraft.eval.bench import BenchConfig
 from blockdraft.config import ConfigError
 from blockdraft.target import load_target
@@ -278,3 +279,50 @@ def test_bad_tree_method_spellings_are_refused(bad, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_method(bad)
+
+
+def test_batch_sizes_measure_requests_together_against_batched_ar(assets, tmp_path, capsys):
+    out = tmp_path / "batched"
+    methods = (f"dflash:{assets / 'dflash'}", f"small-ar:{assets / 'target'}")
+    four = tmp_path / "he4.jsonl"
+    four.write_text((assets / "he.jsonl").read_text() + json.dumps({"task_id": "T/3", "prompt": "def g(x):\n    w3"})
+                    + "\n")
+    argv = [a if not a.startswith("humaneval=") else f"humaneval={four}"
+            for a in bench_args(assets, out, "--batch-size", "1", "2", methods=methods, n="3", tokens="8")]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["batch_sizes"] == [1, 2]
+    records = results["records"]
+    assert len(records) == 3 * 3 * 2  # prompts x runs x batch sizes
+    # batch size 2 over 3 prompts: batches [T/0, T/1] and [T/2]
+    two = [r for r in records if r["batch_size"] == 2 and r["method"] == "ar"]
+    assert [(r["batch"], r["batch_prompt_ids"]) for r in two] == [(0, ["T/0", "T/1"]), (0, ["T/0", "T/1"]),
+                                                                 (1, ["T/2"])]
+    # greedy float32: every method and batch size emits the tokens of plain decoding one request at a time
+    plain = {r["prompt_id"]: r["tokens"] for r in records if r["method"] == "ar" and r["batch_size"] == 1}
+    assert all(r["tokens"] == plain[r["prompt_id"]] for r in records)
+    summary = batch_summary(records)
+    small = summary[("humaneval", methods[1], 5, 2)]
+    assert small["tau"] > 2 and small["requests"] == 3 and small["tokens_per_s"] > 0
+    assert summary[("humaneval", "ar", None, 2)]["tau"] == 1.0
+    report = (out / "report.md").read_text()
+    assert "Batched decoding" in report and "total decode tok/s" in report and "tau and speedup" not in report
+    # resume: nothing left to measure; a larger --n fills the short batch again and adds the new one
+    capsys.readouterr()
+    assert main(argv) == 0 and "already measured" in capsys.readouterr().err
+    grown = list(argv)
+    grown[grown.index("--n") + 1] = "4"
+    assert main(grown) == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert len(records) == 4 * 3 * 2
+    assert {tuple(r["batch_prompt_ids"]) for r in records if r["batch_size"] == 2} == {("T/0", "T/1"), ("T/2", "T/3")}
+
+
+def test_batch_sizes_refuse_batch_one_methods():
+    for methods in (("hf-prompt-lookup",), ("lookup",), ("dflash:d,tree=8",), ("dflash:d,threshold=0.5",)):
+        with pytest.raises(ConfigError, match="batch-1 only"):
+            BenchConfig(target="t", methods=methods, datasets=("gsm8k",), batch_sizes=(1, 2))
+    for sizes in ((0,), (2, 2), ()):
+        with pytest.raises(ConfigError, match="--batch-size"):
+            BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",), batch_sizes=sizes)
+    assert "batch_sizes" not in BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",)).identity()

@@ -115,3 +115,41 @@ def test_a_broken_command_module_is_an_error_not_a_missing_command(monkeypatch):
     monkeypatch.delitem(sys.modules, "blockdraft.cli")
     with pytest.raises(ImportError):
         importlib.import_module("blockdraft.cli")
+
+
+def test_generate_batch_file_equals_one_prompt_at_a_time(model_folder, tmp_path, capsys):
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w1 w2"]
+    batch_file = tmp_path / "prompts.jsonl"
+    batch_file.write_text(json.dumps({"id": "a", "prompt": texts[0]}) + "\n" + json.dumps(texts[1]) + "\n\n"
+                          + json.dumps({"prompt": texts[2], "temperature": 0.0}) + "\n")
+    common = ["--target", str(model_folder), "--chat", "--max-new-tokens", "12", "--dtype", "fp32", "--json",
+              "--draft-model", str(model_folder), "--num-proposals", "3"]
+    capsys.readouterr()
+    assert main(["generate", *common, "--batch-file", str(batch_file)]) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines() if line.strip()]
+    assert [row["id"] for row in rows] == ["a", "1", "2"]
+    assert "3 prompts" in captured.err and "tok/s in total" in captured.err
+    for row, text in zip(rows, texts):
+        assert main(["generate", *common, "--prompt", text]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] == row["tokens"]
+
+
+def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):
+    base = ["generate", "--target", str(model_folder), "--dtype", "fp32"]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"prompt": "w1", "temperature": 0.7}) + "\n" + json.dumps({"prompt": "w2"}) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "w1"}\n{"text": "w2"}\n')
+    cases = [(["--batch-file", str(mixed)], "mixed sampling"), (["--batch-file", str(empty)], "no prompts"),
+             (["--batch-file", str(broken)], "line 2"), (["--batch-file", str(tmp_path / "nope.jsonl")], "cannot read"),
+             ([], "--batch-file"), (["--prompt", "w1", "--batch-file", str(mixed)], "--batch-file"),
+             (["--batch-file", str(broken.with_name("ok.jsonl")), "--tree", "4", "--draft-model", str(model_folder)],
+              "batch-1")]
+    broken.with_name("ok.jsonl").write_text('"w1"\n"w2"\n')
+    capsys.readouterr()
+    for extra, words in cases:
+        assert main(base + extra) == 2, extra
+        assert words in capsys.readouterr().err, (extra, words)

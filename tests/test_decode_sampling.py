@@ -28,13 +28,14 @@ def make_target(seed=0):
     return tiny_target("qwen3", vocab_size=VOCAB, hidden_size=32, num_layers=3, seed=seed)
 
 
-def exact_joint(target, sampling):
+def exact_joint(target, sampling, prompt=None):
     """P(t1, t2, t3) under plain target sampling, by enumerating every prefix in one batch."""
+    prompt = PROMPT if prompt is None else prompt  # read at call time: test_tree.py monkeypatches PROMPT
     prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW - 1)))  # (V^2, 2)
-    batch = torch.cat([PROMPT.expand(len(prefixes), -1), prefixes], dim=1)
+    batch = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1)
     with torch.no_grad():
         logits = target.model(batch).logits.float()  # (V^2, n + 2, V)
-    n = PROMPT.shape[1]
+    n = prompt.shape[1]
     probs = [to_probs(logits[:, n - 1 + i], sampling) for i in range(NEW)]  # each (V^2, V)
     joint = {}
     for row, prefix in enumerate(prefixes.tolist()):

@@ -45,3 +45,14 @@ def test_fresh_dflash_on_real_target_is_lossless(target_fp32):
         ids = chat_ids(target_fp32, prompt.turns[0])
         plain = blockdraft.generate(target_fp32, None, ids, max_new_tokens=32)
         assert blockdraft.generate(target_fp32, drafter, ids, max_new_tokens=32).tokens == plain.tokens
+
+
+def test_batched_rows_on_the_real_target_equal_plain_greedy():
+    """generate_batch over HumanEval prompts of different lengths, float32: every row equals plain greedy."""
+    target = blockdraft.load_target("qwen2.5-coder-0.5b-instruct", dtype="fp32")
+    batch = [chat_ids(target, prompt.turns[0])[0].tolist() for prompt in load_prompts("humaneval", n=4)]
+    plain = [blockdraft.generate(target, None, ids, max_new_tokens=32).tokens for ids in batch]
+    for drafter in (None, SmallARDrafter(target, target, num_proposals=3),
+                    init_drafter(target, num_layers=1, block_size=8)):
+        results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=32)
+        assert [r.tokens for r in results] == plain

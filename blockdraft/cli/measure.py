@@ -18,7 +18,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                          top_k=args.top_k, block_sizes=tuple(args.block_size) if args.block_size else None,
                          dtype=args.dtype, threads=args.threads, device=args.device, seed=args.seed,
-                         record_q=not args.no_record_q)
+                         record_q=not args.no_record_q,
+                         batch_sizes=tuple(args.batch_size) if args.batch_size else None)
     run_bench(config, args.out, overwrite=args.overwrite, deadline=deadline(args.max_minutes))
     print(f"results: {Path(args.out) / RESULTS}\nreport:  {Path(args.out) / 'report.md'}")
     return 0
@@ -126,6 +127,9 @@ def add_bench(sub) -> None:
     p.add_argument("--block-size", type=int, nargs="+", default=None, metavar="B",
                    help="B = proposals + 1 for small-ar and dflash (default: each drafter's own B, small-ar 5); "
                         "several values sweep tau vs K")
+    p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="N",
+                   help="decode N requests together (ar, small-ar, dflash): total decode tok/s and per-request "
+                        "latency against plain batched decoding at each N (default: one request at a time)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -64,9 +64,76 @@ def encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
     return torch.tensor([list(ids)], dtype=torch.long)
 
 
+SAMPLING_KEYS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k"}
+
+
+def read_batch_file(path: str, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """`--batch-file`: (id, text) per JSONL row, a row being {"prompt": TEXT[, "id": ...]} or a JSON string.
+
+    A row may repeat the sampling settings only with the flags' values: every row shares one
+    temperature/top-p/top-k, so differing settings are refused rather than silently overridden.
+    """
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as err:
+        raise ConfigError(f"--batch-file {path}: cannot read it ({err.strerror})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ConfigError(f"--batch-file {path} line {number} is not JSON; write one {{\"prompt\": ...}} per line")
+        if isinstance(row, str):
+            row = {"prompt": row}
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise ConfigError(f"--batch-file {path} line {number} needs a non-empty \"prompt\" string")
+        for key, flag in SAMPLING_KEYS.items():
+            if key in row and row[key] != getattr(args, key):
+                raise ConfigError(f"--batch-file {path} line {number} asks {key}={row[key]!r} but the batch decodes "
+                                  f"with {flag} {getattr(args, key)!r}: mixed sampling settings per row are not "
+                                  "supported; split the file by setting and pass it as the flag")
+        rows.append((str(row.get("id", len(rows))), row["prompt"]))
+    if not rows:
+        raise ConfigError(f"--batch-file {path} holds no prompts; write one {{\"prompt\": ...}} per line")
+    return rows
+
+
+def cmd_generate_batch(args: argparse.Namespace) -> int:
+    from .. import generate_batch
+
+    rows = read_batch_file(args.batch_file, args)
+    if args.tree is not None or args.lookup or args.lookup_corpus:
+        raise ConfigError("--batch-file decodes plain, --draft-model or --drafter chains; trees and lookup are "
+                          "batch-1 only (use --prompt)")
+    device = setup_torch(args)
+    target, drafter = _load_pair(args, device)
+    prompts = [encode_prompt(target, text, args.chat) for _, text in rows]
+    results = generate_batch(target, drafter, prompts, max_new_tokens=args.max_new_tokens,
+                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                             draft_argmax=args.draft_argmax, num_proposals=args.num_proposals)
+    for (row_id, _), result in zip(rows, results):
+        text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        if args.json:
+            print(json.dumps({"id": row_id, "text": text, **result.to_dict()}))
+        else:
+            print(f"--- {row_id}\n{text}")
+    decode_s = max(result.decode_s for result in results)  # the batch's decode time: its slowest row
+    tokens = sum(len(result.tokens) - 1 for result in results)  # the first token of each row comes from prefill
+    speed = tokens / decode_s if decode_s > 0 else float("nan")
+    print(f"\n[{len(results)} prompts | {tokens + len(results)} tokens | prefill {results[0].prefill_s * 1000:.0f} "
+          f"ms | decode {speed:.1f} tok/s in total]", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .. import generate
 
+    if (args.prompt is None) == (args.batch_file is None):
+        raise ConfigError("give the text to continue: --prompt TEXT, or --batch-file PROMPTS.jsonl for several")
+    if args.batch_file is not None:
+        return cmd_generate_batch(args)
     if not args.prompt:
         raise ConfigError("the prompt is empty: pass --prompt TEXT")
     device = setup_torch(args)
@@ -118,7 +185,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text, speculatively when a drafter is given")
     _add_model_flags(p)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", default=None, help="the text to continue")
+    p.add_argument("--batch-file", default=None, metavar="PROMPTS.jsonl",
+                   help="decode several prompts together, one {\"prompt\": TEXT} per line (plain, --draft-model or "
+                        "--drafter; one target pass verifies every row)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -79,6 +79,22 @@ def _check_request(target: Target, prompt_ids: torch.Tensor, max_new_tokens: int
         raise ConfigError(f"prompt token ids must lie in [0, {target.vocab_size})")
 
 
+def check_depth(draft_tokens: torch.Tensor, parents: torch.Tensor | None, budget: int) -> None:
+    deepest = max(tree_depths(parents)) if parents is not None else draft_tokens.shape[0]
+    if deepest > budget:
+        raise ConfigError(f"the drafter proposed tokens {deepest} positions deep; this round allows at most "
+                          f"{budget} (drafters must respect num_proposals)")
+
+
+def cut_at_stop(new_tokens: list[int], stops: set[int], room: int) -> tuple[list[int], bool]:
+    """The tokens a round commits: a stop token inside the accepted prefix ends generation right there,
+    and at most `room` tokens fit the budget. Returns (tokens, whether a stop token ended it)."""
+    for cut, token in enumerate(new_tokens):
+        if token in stops:
+            return new_tokens[:cut + 1][:room], True
+    return new_tokens[:room], False
+
+
 @torch.inference_mode()
 def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor, *,
                          max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
@@ -131,10 +147,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
         proposal = (drafter.propose(ids[:, :length], budget, sampling, generator) if budget > 0
                     else Proposal.empty(ids.device))
         draft_tokens, parents = proposal.tokens, proposal.tree_parents()
-        deepest = max(tree_depths(parents)) if parents is not None else draft_tokens.shape[0]
-        if deepest > budget:
-            raise ConfigError(f"the drafter proposed tokens {deepest} positions deep; this round allows at most "
-                              f"{budget} (drafters must respect num_proposals)")
+        check_depth(draft_tokens, parents, budget)
         synchronize(device)
         t_verify = time.perf_counter()
         verify_ids = torch.cat([ids[:, length - 1:length], draft_tokens[None]], dim=1)  # (1, n + 1)
@@ -150,14 +163,10 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
             t_verified = time.perf_counter()
             path, next_token = verify_tree(out.logits[0], draft_tokens, parents, sampling, generator)
             accepted = len(path)
-        new_tokens = draft_tokens[path].tolist() + [next_token]
-        # A stop token inside the accepted prefix ends generation right there.
-        for cut, token in enumerate(new_tokens):
-            if token in stops:
-                new_tokens = new_tokens[:cut + 1]
-                result.stop_reason = "stop_token"
-                break
-        new_tokens = new_tokens[:max_new_tokens - len(generated)]
+        new_tokens, stopped = cut_at_stop(draft_tokens[path].tolist() + [next_token], stops,
+                                          max_new_tokens - len(generated))
+        if stopped:
+            result.stop_reason = "stop_token"
         count = len(new_tokens)
         ids[0, length:length + count] = torch.tensor(new_tokens, device=device)
         generated.extend(new_tokens)

@@ -89,6 +89,11 @@ class Drafter(Protocol):
         the m positions that just entered its cache (length - 1 - m .. length - 2)."""
 
 
+# Batched decoding (`decode/batch.py`) needs per-row state: a drafter that supports it also has
+#     def spawn(self) -> Drafter   # the same weights (shared, not copied) with fresh per-sequence state
+# and the batch loop gives each row its own. Drafters without it decode one sequence at a time.
+
+
 class NoDrafter:
     """Plain autoregressive decoding through the same loop: nothing is proposed."""
 
@@ -97,6 +102,9 @@ class NoDrafter:
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         pass
+
+    def spawn(self) -> "NoDrafter":
+        return self  # nothing per sequence
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:

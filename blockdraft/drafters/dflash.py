@@ -10,6 +10,7 @@ Module names equal the released checkpoint keys, so `state_dict()` is the releas
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -218,6 +219,12 @@ class DFlashDrafter:
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         self.cache = ContextCache(self.config.num_hidden_layers)
         self.pending = prompt_features
+
+    def spawn(self) -> "DFlashDrafter":
+        """The same weights and head with fresh per-sequence state: one per row of a batch."""
+        row = copy.copy(self)
+        row.cache, row.pending = None, None
+        return row
 
     @torch.inference_mode()
     def draft_block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:

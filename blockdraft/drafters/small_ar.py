@@ -25,8 +25,13 @@ class SmallARDrafter:
         if num_proposals < 1:
             raise ConfigError(f"num_proposals must be >= 1, got {num_proposals}")
         self.max_proposals = num_proposals
+        self._target = target
         self.cache = None
         self.cached_tokens: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
+
+    def spawn(self) -> "SmallARDrafter":
+        """The same draft model with its own cache: one per row of a batch."""
+        return SmallARDrafter(self.model, self._target, num_proposals=self.max_proposals)
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         self.cache = self.model.new_cache()

@@ -19,6 +19,9 @@ command resumes where it stopped. A folder holding results of another configurat
 unless `--overwrite`; `--n` is not part of the configuration, so a larger `--n` extends an earlier
 run. `report.md` and the plots are derived from `results.json` alone (`blockdraft.eval.report`).
 
+`--batch-size 1 2 4 8` measures requests decoded together instead (`eval/batch_bench.py`): total decode
+tokens/s and per-request latency per method against plain batched decoding at the same batch size.
+
 results.json (schema "blockdraft-bench/1"):
     config       BenchConfig fields (the latest session's n)
     environment  versions, CPU model, threads, device, dtype, target shape (first session)
@@ -31,6 +34,7 @@ results.json (schema "blockdraft-bench/1"):
                 proposed, accepted, emitted, draft_s, verify_s, round_s, q_proposed (list or
                 null per round), draft_tokens (runs with a drafter: the drafted ids per round)
         target_calls, generate_s: HF peers only (else null)
+        batch_size, batch, batch_prompt_ids: --batch-size runs only (see eval/batch_bench.py)
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class BenchConfig:
     device: str | None = None  # None: cuda when available, else cpu
     seed: int = 0
     record_q: bool = True  # store the drafter's q of each proposal (surrogate check; one softmax per round)
+    batch_sizes: tuple[int, ...] | None = None  # requests decoded together (eval/batch_bench.py); None: one at a time
 
     def __post_init__(self) -> None:
         methods = [parse_method(m).name for m in self.methods]
@@ -127,6 +132,14 @@ class BenchConfig:
             raise ConfigError(f"--threads must be at least 1, got {self.threads}")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"--device must be cpu or cuda[:N], got {self.device!r}")
+        if self.batch_sizes is not None:
+            from .batch_bench import check_methods
+
+            sizes = tuple(int(b) for b in self.batch_sizes)
+            if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+                raise ConfigError(f"--batch-size takes distinct values >= 1, got {list(sizes)}")
+            check_methods(tuple(methods))
+            object.__setattr__(self, "batch_sizes", sizes)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -140,8 +153,8 @@ class BenchConfig:
         return json.loads(json.dumps(out))  # tuples -> lists, as read back from results.json
 
     def identity(self) -> dict[str, Any]:
-        """The fields two runs must share to live in one results.json (all but n)."""
-        return {k: v for k, v in self.to_dict().items() if k != "n"}
+        """The fields two runs must share to live in one results.json (all but n; batch_sizes when set)."""
+        return {k: v for k, v in self.to_dict().items() if k != "n" and not (k == "batch_sizes" and v is None)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,6 +356,55 @@ def _progress(records: list[dict]) -> str:
     return " | ".join(parts)
 
 
+def _open_session(config: BenchConfig, existing: dict | None, records: list[dict], pending: list, out_dir: Path,
+                  log: Callable[[str], None]):
+    """Load the target and every method (all checks before anything is written); returns (target, runners,
+    results, session) with a new session entry."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = config.device or default_device()
+    target = load_target(config.target, dtype=config.dtype, device=device)
+    if target.tokenizer is None:
+        raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
+    runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,
+                                          record_q=config.record_q)
+    check_prompt_lengths(pending, runners, target, config)
+    if config.batch_sizes and max(config.batch_sizes) > 1:
+        target.check_batchable()
+    env = environment(target, config)
+    results = existing or {"schema": SCHEMA, "environment": env, "sessions": [], "records": []}
+    results["records"] = records
+    results.update(config=config.to_dict(), methods=methods_info)
+    session = {"started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "environment": env, "prompts_measured": 0}
+    results["sessions"].append(session)
+    log(f"bench: {len(pending)} prompt(s) to measure with {len(runners)} run(s) "
+        f"({', '.join(r.method + ('' if r.block_size is None else f' B={r.block_size}') for r in runners)})"
+        + (f" at batch sizes {list(config.batch_sizes)}" if config.batch_sizes else "")
+        + f"; {len(existing['records']) if existing else 0} record(s) already in {out_dir / RESULTS}")
+    return target, runners, results, session
+
+
+def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, results: dict, session: dict,
+                     out_dir: Path, log: Callable[[str], None], deadline: float | None) -> None:
+    """One request at a time: every pending prompt with every runner, interleaved."""
+    first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
+    for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
+        runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+    last_prompt_s = 0.0
+    for number, (position, name, prompt) in enumerate(pending, 1):
+        if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
+            log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure the rest")
+            break
+        prompt_started = time.monotonic()
+        new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners))
+        last_prompt_s = time.monotonic() - prompt_started
+        results["records"].extend(new)
+        session["prompts_measured"] += 1
+        write_results(out_dir / RESULTS, results)
+        log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+
+
 def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = False,
               log: Callable[[str], None] = _stderr, deadline: float | None = None) -> dict:
     """Measure every pending prompt, then write the report; returns the results dict.
@@ -365,43 +427,21 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     every = [(name, prompts[k]) for k in range(longest) for name, prompts in prompt_sets.items() if k < len(prompts)]
     # the position among all prompts sets the method order, so a resumed run measures as an uninterrupted one
     pending = [(position, name, p) for position, (name, p) in enumerate(every) if (name, p.id) not in done]
+    if config.batch_sizes:
+        from .batch_bench import pending_batches
+
+        batched = pending_batches(prompt_sets, config.batch_sizes, records)
+        pending = [(0, name, prompt) for _, name, _, group in batched for prompt in group]
     if pending:
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        device = config.device or default_device()
-        target = load_target(config.target, dtype=config.dtype, device=device)
-        if target.tokenizer is None:
-            raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
-        runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,
-                                              record_q=config.record_q)
-        check_prompt_lengths(pending, runners, target, config)
-        env = environment(target, config)
-        results = existing or {"schema": SCHEMA, "environment": env, "sessions": [], "records": []}
-        results.update(config=config.to_dict(), methods=methods_info)
-        session = {"started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   "environment": env, "prompts_measured": 0}
-        results["sessions"].append(session)
-        log(f"bench: {len(pending)} prompt(s) to measure with {len(runners)} run(s) "
-            f"({', '.join(r.method + ('' if r.block_size is None else f' B={r.block_size}') for r in runners)}); "
-            f"{len(done)} already in {out_dir / RESULTS}")
-        first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
-        for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
-            runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
-        last_prompt_s = 0.0
+        target, runners, results, session = _open_session(config, existing, records, pending, out_dir, log)
         try:
-            for number, (position, name, prompt) in enumerate(pending, 1):
-                if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
-                    log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure "
-                        "the rest")
-                    break
-                prompt_started = time.monotonic()
-                new = measure_prompt(name, prompt, runners, target.tokenizer, config,
-                                     rotation=position % len(runners))
-                last_prompt_s = time.monotonic() - prompt_started
-                results["records"].extend(new)
-                session["prompts_measured"] += 1
-                write_results(out_dir / RESULTS, results)
-                log(f"[{number}/{len(pending)}] {name} {prompt.id}: {_progress(new)}")
+            if config.batch_sizes:
+                from .batch_bench import measure_batches
+
+                measure_batches(batched, runners, target.tokenizer, config, results, session,
+                                lambda: write_results(out_dir / RESULTS, results), log, deadline)
+            else:
+                _measure_prompts(pending, runners, target, config, results, session, out_dir, log, deadline)
         except BaseException:
             if results["records"]:  # results.json never stands without the report of what it holds
                 from .report import write_report

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .. import generate
+from .. import generate, generate_batch
 from ..checkpoints import load_drafter
 from ..config import ConfigError, SamplingConfig
 from ..drafters.lookup import CorpusIndex, LookupDrafter
@@ -271,6 +271,18 @@ class LoopRunner:
         return Measurement(tokens=result.tokens, prompt_length=result.prompt_length,
                            prefill_s=_round_time(result.prefill_s), decode_s=_round_time(result.decode_s),
                            stop_reason=result.stop_reason, rounds=_round_columns(result.rounds))
+
+
+    def run_batch(self, prompts: list[list[int]], *, max_new_tokens: int, seed: int) -> list[Measurement]:
+        """The prompts decoded together (`generate_batch`); one measurement per prompt, decode_s its latency."""
+        results = generate_batch(self.target, self.drafter, prompts, max_new_tokens=max_new_tokens,
+                                 temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                                 top_k=self.sampling.top_k, seed=seed,
+                                 num_proposals=None if self.block_size is None else self.block_size - 1,
+                                 record_q=self.record_q and self.drafter is not None)
+        return [Measurement(tokens=r.tokens, prompt_length=r.prompt_length, prefill_s=_round_time(r.prefill_s),
+                            decode_s=_round_time(r.decode_s), stop_reason=r.stop_reason,
+                            rounds=_round_columns(r.rounds)) for r in results]
 
 
 def _timed_prompt_pass(model, input_ids: torch.Tensor) -> float:

@@ -379,6 +379,10 @@ def render_markdown(results: Mapping, plots: list[str]) -> str:
     lines = _header(results)
     if not results["records"]:
         return "\n".join(lines + ["No records yet.", ""])
+    if results["config"].get("batch_sizes"):  # requests decoded together: their own section (eval/batch_bench.py)
+        from .batch_bench import batch_section
+
+        return "\n".join(lines + batch_section(results)) + "\n" + NOTES
     lines += _speed_section(results, plots)
     lines += _acceptance_section(results, plots)
     lines += _utilisation_section(results)
@@ -396,7 +400,7 @@ def render_markdown(results: Mapping, plots: list[str]) -> str:
 def write_report(results: Mapping, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = draw_plots(results, out_dir)
+    plots = [] if results["config"].get("batch_sizes") else draw_plots(results, out_dir)
     path = out_dir / "report.md"
     write_text_atomic(path, render_markdown(results, plots))
     return path

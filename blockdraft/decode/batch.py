@@ -1,0 +1,194 @@
+"""Several prompts decoded together: the round of `loop.py` (propose -> verify -> commit -> crop) over rows.
+
+Every row keeps its own committed length, drafter state, generator, acceptance and stop. The target
+holds one padded cache for all rows: row r's past fills slots 0..L_r-2 (left-aligned), and one
+`Target.forward_rows` pass verifies every row's `[anchor, d_1..d_k]` at the row's own positions with a
+mask that hides other rows' slots. Each row's verdict comes from the same `verify` as batch 1; then
+`Target.pack_rows` moves the accepted keys/values next to the row's past (the per-row crop) and drops
+rows that finished, so they leave the batch.
+
+Drafters draft row by row: each row gets its own drafter from `drafter.spawn()` (same weights, fresh
+per-sequence state). Trees are not batched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from ..config import ConfigError, SamplingConfig
+from ..drafters.base import Drafter, NoDrafter, Proposal
+from ..target import Target
+from ..timing import synchronize
+from .loop import GenerationResult, RoundRecord, _check_request, _token_probs, check_depth, cut_at_stop
+from .sampling import choose
+from .verify import verify
+
+
+def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
+    """One drafter per row; a single row uses `drafter` itself."""
+    if rows == 1:
+        return [drafter]
+    spawn = getattr(drafter, "spawn", None)
+    if spawn is None:
+        raise ConfigError(f"{type(drafter).__name__} cannot decode several prompts at once (it has no spawn() giving "
+                          "per-row state; trees, lookup and headed drafters are batch-1 only): use generate() per "
+                          "prompt, or plain, small-AR or DFlash drafting")
+    return [spawn() for _ in range(rows)]
+
+
+def _prefill(target: Target, prompts: list[torch.Tensor], cache, layer_ids: Sequence[int]):
+    """One padded pass over every prompt; returns (R, V) last-position logits and per-row features."""
+    lengths = torch.tensor([p.shape[1] for p in prompts], device=target.device)
+    padded = torch.zeros((len(prompts), int(lengths.max())), dtype=torch.long, device=target.device)
+    for row, prompt in enumerate(prompts):
+        padded[row, :prompt.shape[1]] = prompt[0]
+    last = lengths - 1
+    keep = last.unique()  # logits only where a prompt ends: (R, U, V), not (R, S, V)
+    out = target.forward_rows(padded, torch.zeros_like(lengths), cache, layer_ids, logits_to_keep=keep)
+    logits = out.logits[torch.arange(len(prompts)), torch.searchsorted(keep, last)]  # (R, V)
+    features = [None if out.features is None else out.features[row:row + 1, :int(n)]
+                for row, n in enumerate(lengths)]
+    return logits, features
+
+
+@torch.inference_mode()
+def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *,
+                   max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                   stop_token_ids: Sequence[int] = (), seeds: Sequence[int | None] | None = None,
+                   num_proposals: int | None = None, record_q: bool = False) -> list[GenerationResult]:
+    """Generate after each prompt (1, n_r) together; one result per prompt, in order, each lossless.
+
+    `seeds[r]` seeds row r's generator (default: row r gets r); with the same seed a row draws what
+    `speculative_generate` would. A row's `decode_s` runs from the batch's first round to the round
+    that finished it (its decode latency); `prefill_s` is the shared prefill pass.
+    """
+    if len(prompts) == 0:
+        raise ConfigError("no prompts: give at least one")
+    drafter = drafter if drafter is not None else NoDrafter()
+    if num_proposals is not None and num_proposals < 0:
+        raise ConfigError(f"num_proposals must be >= 0, got {num_proposals}")
+    proposals = drafter.max_proposals if num_proposals is None else min(num_proposals, drafter.max_proposals)
+    device = target.device
+    prompts = [p.to(device) for p in prompts]
+    for prompt in prompts:
+        _check_request(target, prompt, max_new_tokens, proposals)
+    if len(prompts) > 1:
+        target.check_batchable()
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
+    generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    drafters = row_drafters(drafter, len(prompts))
+    stops = set(int(t) for t in stop_token_ids)
+    layer_ids = drafter.target_layer_ids
+    ids = [torch.empty((1, p.shape[1] + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
+           for p in prompts]  # each row's committed sequence; its last entry is the anchor
+
+    synchronize(device)
+    t_prefill = time.perf_counter()
+    cache = target.new_cache()
+    logits, features = _prefill(target, prompts, cache, layer_ids)
+    results, lengths = [], []
+    for row, prompt in enumerate(prompts):
+        first, _ = choose(logits[row], sampling, generators[row])
+        drafters[row].reset(prompt, features[row])
+        ids[row][:, :prompt.shape[1]] = prompt
+        ids[row][0, prompt.shape[1]] = first
+        lengths.append(prompt.shape[1] + 1)
+        results.append(GenerationResult(tokens=[int(first)], prompt_length=prompt.shape[1]))
+        if int(first) in stops:
+            results[row].stop_reason = "stop_token"
+    synchronize(device)
+    prefill_s = time.perf_counter() - t_prefill
+    for result in results:
+        result.prefill_s = prefill_s
+
+    active = [row for row, result in enumerate(results)
+              if result.stop_reason != "stop_token" and len(result.tokens) < max_new_tokens]
+    if len(active) < len(prompts):  # rows done at the first token leave before the first round
+        _pack(cache, list(range(len(prompts))), active, [lengths[r] - 1 for r in range(len(prompts))],
+              [0] * len(prompts), 0)
+    t_decode = time.perf_counter()
+    while active:
+        t_round = time.perf_counter()
+        # propose: each row's drafter, on its own committed text
+        row_proposals, draft_seconds = [], []
+        for row in active:
+            t_draft = time.perf_counter()
+            budget = min(proposals, max_new_tokens - len(results[row].tokens) - 1)
+            proposal = (drafters[row].propose(ids[row][:, :lengths[row]], budget, sampling, generators[row])
+                        if budget > 0 else Proposal.empty(device))
+            if proposal.tree_parents() is not None:
+                raise ConfigError("tree proposals are verified one sequence at a time: use generate() for tree "
+                                  "drafters (batched decoding verifies chains)")
+            check_depth(proposal.tokens, None, budget)
+            row_proposals.append(proposal)
+            draft_seconds.append(time.perf_counter() - t_draft)
+        # verify: every row's [anchor, drafts], padded to the longest, in one target pass
+        synchronize(device)
+        t_verify = time.perf_counter()
+        width = 1 + max(p.tokens.shape[0] for p in row_proposals)
+        verify_ids = torch.zeros((len(active), width), dtype=torch.long, device=device)
+        for index, (row, proposal) in enumerate(zip(active, row_proposals)):
+            verify_ids[index, 0] = ids[row][0, lengths[row] - 1]
+            verify_ids[index, 1:1 + proposal.tokens.shape[0]] = proposal.tokens
+        starts = [lengths[row] - 1 for row in active]
+        out = target.forward_rows(verify_ids, torch.tensor(starts, device=device), cache, layer_ids)
+        synchronize(device)
+        verify_s = time.perf_counter() - t_verify
+        # commit per row, with batch-1's rule; finished rows leave
+        kept, still = [], []
+        for index, (row, proposal) in enumerate(zip(active, row_proposals)):
+            result, draft_tokens = results[row], proposal.tokens
+            k = draft_tokens.shape[0]
+            accepted, next_token = verify(out.logits[index, :k + 1], draft_tokens, proposal.q_draft, sampling,
+                                          generators[row])
+            new_tokens, stopped = cut_at_stop(draft_tokens[:accepted].tolist() + [next_token], stops,
+                                              max_new_tokens - len(result.tokens))
+            count = len(new_tokens)
+            ids[row][0, lengths[row]:lengths[row] + count] = torch.tensor(new_tokens, device=device)
+            result.tokens.extend(new_tokens)
+            lengths[row] += count
+            kept.append(count)
+            if stopped:
+                result.stop_reason = "stop_token"
+            if stopped or len(result.tokens) >= max_new_tokens:
+                result.decode_s = time.perf_counter() - t_decode
+            else:
+                still.append(row)
+                drafters[row].commit(lengths[row], None if out.features is None else out.features[index:index + 1,
+                                                                                                      :count])
+            result.rounds.append(RoundRecord(
+                proposed=k, accepted=accepted, emitted=count, draft_s=draft_seconds[index], verify_s=verify_s,
+                round_s=0.0, draft_tokens=draft_tokens.tolist(),
+                q_proposed=_token_probs(proposal) if record_q else None))
+        # crop: each row keeps its past plus the `count` slots it committed; the cache shrinks to the longest
+        _pack(cache, active, still, starts, kept, cache.get_seq_length() - width)
+        synchronize(device)
+        round_s = time.perf_counter() - t_round
+        for row in active:
+            results[row].rounds[-1].round_s = round_s
+        active = still
+    return results
+
+
+def _pack(cache, active: list[int], still: list[int], starts: list[int], kept: list[int], base: int) -> None:
+    """Keep, for each row of `still`, its past (slots < starts) and the `kept` slots from `base` on.
+
+    `active` lists the rows the cache holds now, `starts`/`kept` per active row; the new slot j of a row
+    is j below its start, else base + (j - start); slots past a row's length are padding (masked).
+    """
+    if not still:
+        return
+    position = {row: index for index, row in enumerate(active)}
+    rows = torch.tensor([position[row] for row in still])
+    start = torch.tensor([starts[position[row]] for row in still])[:, None]  # (R', 1)
+    length = int(max(starts[position[row]] + kept[position[row]] for row in still))
+    slot = torch.arange(length)[None]  # (1, S')
+    slots = torch.where(slot < start, slot, base + slot - start)
+    slots = slots.clamp(max=cache.get_seq_length() - 1)  # padding slots: any in-range slot, masked later
+    device = cache.layers[0].keys.device
+    Target.pack_rows(cache, rows.to(device), slots.to(device))

@@ -1,0 +1,169 @@
+"""Batched decoding: every row equals its batch-1 decoding (greedy, float32, token for token; sampling,
+in distribution), rows of different lengths share one target pass, finished rows leave the batch."""
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.config import ConfigError, SamplingConfig
+from blockdraft.decode import batch as batch_module
+from blockdraft.decode import verify as verify_module
+from blockdraft.decode.sampling import sample, to_probs
+from blockdraft.drafters.small_ar import SmallARDrafter
+from helpers import init_drafter, prompts, tiny_target, trained_drafter
+from test_decode_sampling import NEW, PROMPT, chi_square_p, exact_joint, make_target
+
+
+def mixed_prompts(seed: int = 0) -> list[torch.Tensor]:
+    """Prompts of different lengths (3 to 17 tokens), so rows are padded and committed lengths differ."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 200, (1, n), generator=generator) for n in (7, 17, 3, 11)]
+
+
+def single(target, drafter, prompt, n, **options):
+    return blockdraft.generate(target, drafter, prompt, max_new_tokens=n, **options).tokens
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {arch: tiny_target(arch) for arch in ("qwen3", "qwen2", "llama")}
+
+
+@pytest.fixture(scope="module")
+def trained(targets):
+    return {arch: trained_drafter(target, block_size=8) for arch, target in targets.items()}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_batched_rows_equal_plain_greedy(targets, trained, arch):
+    target = targets[arch]
+    batch = mixed_prompts()
+    plain = [single(target, None, p, 40, stop_token_ids=()) for p in batch]
+    drafters = {"ar": None, "dflash": trained[arch], "random-dflash": init_drafter(target, num_layers=2, block_size=5),
+                "small-ar": SmallARDrafter(tiny_target(arch, seed=5), target, num_proposals=3),
+                "self-draft": SmallARDrafter(target, target, num_proposals=6)}
+    accepted = 0
+    for name, drafter in drafters.items():
+        results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=())
+        assert [r.tokens for r in results] == plain, name
+        accepted += sum(r.accepted for result in results for r in result.rounds) if drafter is not None else 0
+    assert accepted > 0, "drafts must be accepted somewhere, or the commit path goes untested"
+
+
+def test_rows_stop_on_their_own_and_leave(targets, trained):
+    target, drafter = targets["qwen3"], trained["qwen3"]
+    batch = mixed_prompts(seed=4)
+    plain = [single(target, None, p, 48, stop_token_ids=()) for p in batch]
+    stop = plain[1][9]  # row 1 stops at its 10th token (or earlier); the others maybe never
+    expected = [single(target, None, p, 48, stop_token_ids=(stop,)) for p in batch]
+    assert len({len(tokens) for tokens in expected}) > 1, "the rows should finish at different lengths"
+    for candidate in (None, drafter, SmallARDrafter(target, target, num_proposals=8)):
+        results = blockdraft.generate_batch(target, candidate, batch, max_new_tokens=48, stop_token_ids=(stop,))
+        assert [r.tokens for r in results] == expected
+        for result in results:
+            assert result.stop_reason == ("stop_token" if result.tokens[-1] == stop else "length")
+            assert sum(r.emitted for r in result.rounds) == len(result.tokens) - 1
+        # a row that finished early stops counting rounds (it left the batch) and has a shorter latency
+        short, long = min(results, key=lambda r: len(r.tokens)), max(results, key=lambda r: len(r.tokens))
+        assert len(short.rounds) < len(long.rounds) and short.decode_s <= long.decode_s
+
+
+def test_one_row_is_batch_one(targets, trained):
+    target, drafter = targets["llama"], trained["llama"]
+    for prompt in prompts(3, seed=8):
+        for k in (2, 7):
+            result = blockdraft.generate_batch(target, drafter, [prompt], max_new_tokens=30, stop_token_ids=(),
+                                               num_proposals=k)[0]
+            reference = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=(),
+                                            num_proposals=k)
+            assert result.tokens == reference.tokens
+            assert [r.accepted for r in result.rounds] == [r.accepted for r in reference.rounds]
+
+
+def test_sampled_rows_draw_what_batch_one_draws_with_the_same_seed(targets, trained):
+    target, drafter = targets["qwen3"], trained["qwen3"]
+    batch = mixed_prompts(seed=2)
+    seeds = [11, 12, 13, 14]
+    for candidate in (None, drafter, SmallARDrafter(tiny_target("qwen3", seed=5), target, num_proposals=3)):
+        results = blockdraft.generate_batch(target, candidate, batch, max_new_tokens=24, temperature=0.9, top_k=50,
+                                            stop_token_ids=(), seed=seeds)
+        assert [r.tokens for r in results] == [
+            single(target, candidate, p, 24, temperature=0.9, top_k=50, stop_token_ids=(), seed=s)
+            for p, s in zip(batch, seeds)]
+
+
+# Three rows of different prompts, each compared with its own exact distribution of the first NEW tokens.
+ROW_PROMPTS = [PROMPT, torch.tensor([[6, 1]]), torch.tensor([[2, 2, 5, 0, 7, 1, 3, 4]])]
+DRAWS = 1500
+
+
+def draw_rows(target, drafter, sampling, draws):
+    counts = [{} for _ in ROW_PROMPTS]
+    for seed in range(draws):
+        results = blockdraft.batch_generate(target, drafter, ROW_PROMPTS, max_new_tokens=NEW, sampling=sampling,
+                                            seeds=[3 * seed + row for row in range(len(ROW_PROMPTS))])
+        for row, result in enumerate(results):
+            counts[row][tuple(result.tokens)] = counts[row].get(tuple(result.tokens), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("case", ["small_ar", "dflash"])
+def test_batched_sampling_matches_target_distribution(case):
+    target = make_target()
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = (SmallARDrafter(make_target(seed=3), target, num_proposals=2) if case == "small_ar"
+               else init_drafter(target, num_layers=1, block_size=3))
+    counts = draw_rows(target, drafter, sampling, DRAWS)
+    for prompt, row_counts in zip(ROW_PROMPTS, counts):
+        assert chi_square_p(row_counts, exact_joint(target, sampling, prompt), DRAWS) > 1e-3
+
+
+def test_batched_broken_residual_is_detected(monkeypatch):
+    """The batch loop's own verify call, broken as in test_decode_sampling: the chi-square must see it."""
+    def broken(target_logits, draft_tokens, q_draft, sampling, generator):
+        accepted, token = verify_module.verify_sampling(target_logits, draft_tokens, q_draft, sampling, generator)
+        if accepted < draft_tokens.shape[0]:
+            token = int(sample(to_probs(target_logits[accepted], sampling), generator))
+        return accepted, token
+
+    monkeypatch.setattr(batch_module, "verify", broken)
+    target = make_target()
+    sampling = SamplingConfig(temperature=1.0)
+    counts = draw_rows(target, SmallARDrafter(make_target(seed=3), target, num_proposals=2), sampling, DRAWS)
+    assert min(chi_square_p(row, exact_joint(target, sampling, prompt), DRAWS)
+               for prompt, row in zip(ROW_PROMPTS, counts)) < 1e-6
+
+
+def test_bad_batches_get_clear_errors(targets):
+    target = targets["qwen3"]
+    batch = mixed_prompts()
+    cases = [
+        (lambda: blockdraft.generate_batch(target, None, []), "non-empty list"),
+        (lambda: blockdraft.generate_batch(target, None, batch[0]), "non-empty list"),
+        (lambda: blockdraft.generate_batch(target, None, [batch[0], []]), "empty"),
+        (lambda: blockdraft.generate_batch(target, None, [batch[0], torch.ones(1, target.max_positions,
+                                                                               dtype=torch.long)]), "positions"),
+        (lambda: blockdraft.generate_batch(target, None, batch, temperature=[0.0, 1.0, 1.0, 1.0]), "mixed sampling"),
+        (lambda: blockdraft.generate_batch(target, None, batch, top_p=(0.9, 1.0)), "mixed sampling"),
+        (lambda: blockdraft.generate_batch(target, None, batch, seed=[1, 2]), "one per prompt"),
+        (lambda: blockdraft.generate_batch(target, None, batch, seed="x"), "seed"),
+        (lambda: blockdraft.generate_batch(target, None, batch, max_new_tokens=0), "max_new_tokens"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ConfigError, match=words):
+            call()
+
+
+def test_unbatchable_drafters_and_targets_are_refused(targets):
+    from blockdraft.drafters.tree import as_tree
+
+    target = targets["qwen3"]
+    batch = mixed_prompts()
+    tree = as_tree(init_drafter(target, num_layers=1, block_size=5), 6, target)
+    with pytest.raises(ConfigError, match="batch-1 only"):
+        blockdraft.generate_batch(target, tree, batch, max_new_tokens=8)
+    with pytest.raises(ConfigError, match="sliding-window"):
+        blockdraft.generate_batch(tiny_target("gemma3"), None, batch, max_new_tokens=8)
+    # one row is the batch-1 case and needs no spawn, but a tree is still refused with its reason
+    with pytest.raises(ConfigError, match="tree"):
+        blockdraft.generate_batch(target, tree, batch[:1], max_new_tokens=8)
