@@ -1,8 +1,13 @@
 """`blockdraft quickstart`: the main job, end to end on the real assets.
 
-fetch the models and prompts -> regenerate a small training set with the target -> train a DFlash
-drafter (D-PACE) -> benchmark it on HumanEval against plain decoding, the small-AR draft and HF
-assisted generation -> check losslessness in float32 -> write the report.
+fetch the models and conversations -> take existing answers (ShareGPT's own, teacher-forced labels)
+or, for a prompts-only file, regenerate answers with the target -> train a DFlash drafter (D-PACE) ->
+benchmark it on HumanEval against plain decoding, the small-AR draft and HF assisted generation ->
+check losslessness in float32 -> write the report.
+
+Existing answers are the default since the labels study (docs/studies/2026-11-24-labels-at-equal-cost.md):
+a teacher-forced pass labels every assistant token with the target's own greedy choice at several
+times the speed of regeneration, and the drafters trained on it matched regenerated ones.
 
 Every stage resumes: regeneration appends to its JSONL, training continues from its latest
 checkpoint, the benchmark skips prompts already measured. `--budget` (minutes) scales the work.
@@ -19,7 +24,7 @@ import torch
 
 from .config import ConfigError
 
-RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b.json",
+RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distill.json",
            "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
 
 
@@ -65,7 +70,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .train.config import TrainConfig
     from .train.loop import train
 
-    from .files import check_location
+    from .files import check_location, write_text_atomic
 
     started = time.monotonic()
     out = check_location(out, replaced=False)
@@ -86,9 +91,20 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
             assets.fetch("sharegpt")
     left = max(budget * 60 - (time.monotonic() - started), 60.0)
 
-    data, train_dir, drafter_dir = out / "regen.jsonl", out / "train", out / "drafter"
+    train_dir, drafter_dir = out / "train", out / "drafter"
     training_started = drafter_dir.exists() or latest_checkpoint(train_dir) is not None
-    if not training_started:  # once training has begun, its data stays as it was
+    answers = answered_conversations(train_prompts)
+    data = out / ("conversations.jsonl" if answers else "regen.jsonl")
+    labels = "teacher_forced" if answers else "regenerated"
+    train_share = SHARES["train"]
+    if answers is not None:
+        # No regeneration: its share goes to training, whose teacher-forced pass labels the text.
+        train_share += SHARES["regen"]
+        if not training_started:
+            _stage(f"take {plan.train_conversations} conversations with their own answers from {train_prompts} "
+                   "(teacher-forced labels: the target's greedy choice at every answer token)", started)
+            write_text_atomic(data, "".join(line + "\n" for line in answers[:plan.train_conversations]))
+    elif not training_started:  # once training has begun, its data stays as it was
         _stage(f"regenerate up to {plan.train_conversations} training answers with the target "
                f"({SHARES['regen'] * left / 60:.1f} min)", started)
         regen(target, training_prompts(train_prompts), plan.train_conversations, data,
@@ -97,16 +113,16 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     conversations = sum(1 for line in data.open() if line.strip())
 
     if not (drafter_dir / "model.safetensors").exists():
-        _stage(f"train a DFlash drafter on {conversations} conversations (D-PACE, up to {plan.train_steps} steps, "
-               f"{SHARES['train'] * left / 60:.1f} min)", started)
+        _stage(f"train a DFlash drafter on {conversations} conversations ({labels} labels, D-PACE, up to "
+               f"{plan.train_steps} steps, {train_share * left / 60:.1f} min)", started)
         # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
         # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
         config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
-                             block_size=8, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
+                             block_size=8, labels=labels, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
                              max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
                              save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
         trained = train(config, resume=latest_checkpoint(train_dir) is not None,
-                        deadline=time.monotonic() + SHARES["train"] * left)
+                        deadline=time.monotonic() + train_share * left)
         # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
         save_drafter(load_drafter_model(trained, dtype=torch.float32), drafter_dir,
                      extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
@@ -129,7 +145,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     _stage("check losslessness in float32", started)
     lossless = check_lossless_fp32(target, drafter_dir, dataset, tokens=min(32, bench_tokens))
 
-    facts = {"conversations": conversations, "steps": steps, "planned_steps": plan.train_steps,
+    facts = {"conversations": conversations, "labels": labels, "steps": steps, "planned_steps": plan.train_steps,
              "hardware": hardware}
     summary = write_summary(out, results, lossless, time.monotonic() - started, facts)
     _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
@@ -191,7 +207,9 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     prompts = len({(r["dataset"], r["prompt_id"]) for r in results["records"]})
     lines = ["# blockdraft quickstart", "", f"Total time: {elapsed_s / 60:.1f} min. Full report: bench/report.md.", ""]
     if facts:
-        lines += [f"Trained on {facts['conversations']} regenerated conversations for {facts['steps']} of "
+        kind = "regenerated" if facts.get("labels", "regenerated") == "regenerated" else \
+            f"existing ({facts['labels']} labels)"
+        lines += [f"Trained on {facts['conversations']} {kind} conversations for {facts['steps']} of "
                   f"{facts['planned_steps']} planned steps; benchmarked on {prompts} prompt(s). "
                   f"Hardware: {facts['hardware']}.", ""]
     lines += ["| run | tau | speedup vs plain decoding [95% CI] |", "|---|---|---|"]
@@ -226,6 +244,26 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return path
+
+
+def answered_conversations(source: str) -> list[str] | None:
+    """The JSONL rows of `source` that hold an answer to learn from ("sharegpt", "sharegpt-code" or a
+    ShareGPT-style file), or None for a prompts-only file (whose answers must be regenerated)."""
+    from .data.prompts import read_rows
+    from .data.sources import SOURCES, conversations_file
+
+    path = conversations_file(source) if source in SOURCES else Path(source)
+    if source not in SOURCES and not path.exists():
+        raise ConfigError(f"--train-prompts {source}: no such file (use sharegpt, sharegpt-code or a JSONL file)")
+    rows = [row for row in read_rows(path) if _has_answer(row)]
+    return [json.dumps(row, ensure_ascii=False) for row in rows] or None
+
+
+def _has_answer(row) -> bool:
+    turns = row.get("conversations") if isinstance(row, dict) else None
+    return isinstance(turns, list) and any(
+        isinstance(turn, dict) and (turn.get("from") or turn.get("role")) in ("gpt", "assistant")
+        and str(turn.get("value") or turn.get("content") or "").strip() for turn in turns)
 
 
 def better_recipe(target: str) -> str:

@@ -2,8 +2,12 @@
 
 import json
 
+import pytest
+
+from blockdraft.config import ConfigError
 from blockdraft.quickstart import Plan, run_quickstart
 from chat_fixtures import save_tiny_chat_model
+from helpers import write_chat_jsonl
 
 
 def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
@@ -27,6 +31,34 @@ def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
     assert any(r["method"].endswith(",tree=measured") for r in results["records"])
     assert (tmp_path / "qs" / "drafter" / "model.safetensors").exists()
     assert "regenerated conversations" in summary and "Hardware:" in summary
+
+
+def test_quickstart_learns_from_existing_answers_without_regenerating(tmp_path):
+    """A conversations file with answers skips regeneration: the drafter trains on the text with the
+    target's teacher-forced greedy labels."""
+    model = save_tiny_chat_model(tmp_path / "tiny", hidden_size=32, num_layers=3)
+    write_chat_jsonl(tmp_path / "conversations.jsonl", 12, user_words=5, assistant_words=30, vocab=40, seed=3)
+    with open(tmp_path / "conversations.jsonl", "a") as handle:  # a prompt without an answer is skipped
+        handle.write(json.dumps({"id": "q", "conversations": [{"role": "user", "content": "w1 w2"}]}) + "\n")
+    words = " ".join(f"w{i}" for i in range(40))
+    (tmp_path / "he.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t/{i}", "prompt": f"{words[:20 + i]}"}) + "\n" for i in range(2)))
+    run_quickstart(tmp_path / "qs", budget=1.0, target=str(model), draft_model=str(model),
+                   train_prompts=str(tmp_path / "conversations.jsonl"), dataset=f"humaneval={tmp_path / 'he.jsonl'}",
+                   threads=1, fetch=False)
+    out = tmp_path / "qs"
+    assert not (out / "regen.jsonl").exists()
+    rows = [json.loads(line) for line in (out / "conversations.jsonl").read_text().splitlines()]
+    assert len(rows) == Plan.for_budget(1.0).train_conversations and all(len(r["conversations"]) == 2 for r in rows)
+    config = json.loads((out / "drafter" / "train_config.json").read_text())
+    assert config["labels"] == "teacher_forced" and config["data"] == str(out / "conversations.jsonl")
+    assert "existing (teacher_forced labels) conversations" in (out / "QUICKSTART.md").read_text()
+
+
+def test_quickstart_refuses_a_missing_training_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        run_quickstart(tmp_path / "qs", budget=1.0, target=str(tmp_path), train_prompts=str(tmp_path / "nope.jsonl"),
+                       fetch=False)
 
 
 def test_budget_scales_the_plan():

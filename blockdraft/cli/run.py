@@ -220,12 +220,12 @@ def add_demo(sub) -> None:
 
 
 def add_quickstart(sub) -> None:
-    p = sub.add_parser("quickstart", help="the main job: fetch, regenerate, train, benchmark, report")
+    p = sub.add_parser("quickstart", help="the main job: fetch, label or regenerate, train, benchmark, report")
     p.add_argument("--out", required=True)
     p.add_argument("--budget", type=float, default=30.0, help="minutes; smaller values for a quick look")
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--train-prompts", default="sharegpt-code", help="sharegpt, sharegpt-code or a JSONL file")
+    p.add_argument("--train-prompts", default="sharegpt-code", help="sharegpt, sharegpt-code or a JSONL file: conversations with answers train on them (teacher-forced labels), prompts alone are regenerated")
     p.add_argument("--dataset", default="humaneval", help="benchmark set: a shipped name or NAME=PATH")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-fetch", dest="fetch", action="store_false", help="use local folders, fetch nothing")
