@@ -1,4 +1,4 @@
-"""Checkpoints other engines read (SPEC §9): the o_proj bias of Qwen2-family drafters, the recorded
+"""Checkpoints other engines read: the o_proj bias of Qwen2-family drafters, the recorded
 embedding scale and soft-cap, and `export --for zlab|vllm|sglang` checked the way each consumer loads.
 
 The reference package (`dflash==0.1.0`, installed with --no-deps) is run for real when present. vLLM

@@ -89,6 +89,9 @@ def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: M
     atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
 
 
+_NOTED: set[str] = set()
+
+
 def zero_missing_o_proj_bias(model: DFlashDraftModel, state: Mapping[str, torch.Tensor],
                              source: str | Path) -> dict[str, torch.Tensor]:
     """Zeros for the `layers.{i}.self_attn.o_proj.bias` a checkpoint lacks when `attention_bias` is set.
@@ -103,8 +106,10 @@ def zero_missing_o_proj_bias(model: DFlashDraftModel, state: Mapping[str, torch.
     if any(key in state for key in keys):
         return {}
     dtype = state["fc.weight"].dtype if "fc.weight" in state else torch.float32
-    print(f"note: {source} has no self_attn.o_proj.bias (saved by an earlier blockdraft); using zeros, "
-          "which is what it computed", file=sys.stderr)
+    if str(source) not in _NOTED:  # once per file and process: a benchmark loads a drafter many times
+        _NOTED.add(str(source))
+        print(f"note: {source} has no self_attn.o_proj.bias (saved by an earlier blockdraft); using zeros, "
+              "which is what it computed", file=sys.stderr)
     return {key: torch.zeros(model.config.hidden_size, dtype=dtype) for key in keys}
 
 
