@@ -91,7 +91,8 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
 
     `seeds[r]` seeds row r's generator (default: row r gets r); with the same seed a row draws what
     `speculative_generate` would. A row's `decode_s` runs from the batch's first round to the round
-    that finished it (its decode latency); `prefill_s` is the shared prefill pass.
+    that finished it (its decode latency); `prefill_s` is the shared prefill pass. A round's `draft_s` is
+    the row's equal share of that round's drafting (so the rows' sum is the drafting time).
     """
     if len(prompts) == 0:
         raise ConfigError("no prompts: give at least one")
@@ -151,10 +152,10 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
                 raise ConfigError("tree proposals are verified one sequence at a time: use generate() for tree "
                                   "drafters (batched decoding verifies chains)")
             check_depth(proposal.tokens, None, budget)
-        draft_s = (time.perf_counter() - t_round) / len(active)  # the rows share the drafting time equally
         # verify: every row's [anchor, drafts], padded to the longest, in one target pass
         synchronize(device)
         t_verify = time.perf_counter()
+        draft_s = (t_verify - t_round) / len(active)  # the rows share the drafting time equally
         width = 1 + max(p.tokens.shape[0] for p in row_proposals)
         verify_ids = torch.zeros((len(active), width), dtype=torch.long, device=device)
         for index, (row, proposal) in enumerate(zip(active, row_proposals)):
