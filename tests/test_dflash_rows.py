@@ -1,4 +1,4 @@
-"""Batched DFlash drafting: every row proposes what it would drafted alone (float32: the same greedy tokens,
+"""Batched DFlash drafting: every row proposes what it proposes when drafted alone (float32: the same greedy tokens,
 logits allclose, the same sampled draws), while rows of different lengths commit different counts and leave."""
 
 import dataclasses
