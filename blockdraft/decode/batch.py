@@ -7,8 +7,9 @@ mask that hides other rows' slots. Each row's verdict comes from the same `verif
 `Target.pack_rows` moves the accepted keys/values next to the row's past (the per-row crop) and drops
 rows that finished, so they leave the batch.
 
-Drafters draft row by row: each row gets its own drafter from `drafter.spawn()` (same weights, fresh
-per-sequence state). Trees are not batched.
+Drafting goes through a batch drafter (`BatchDrafter` in `drafters/base.py`): DFlash drafts every row
+in one drafter pass (`drafters/dflash_rows.py`); other drafters draft row by row, each row with its own
+drafter from `drafter.spawn()` (same weights, fresh per-sequence state). Trees are not batched.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Sequence
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..drafters.base import Drafter, NoDrafter, Proposal
+from ..drafters.base import BatchDrafter, Drafter, NoDrafter, Proposal
 from ..target import Target
 from ..timing import synchronize
 from .loop import GenerationResult, RoundRecord, _check_request, _token_probs, check_depth, cut_at_stop
@@ -37,6 +38,33 @@ def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
                           "per-row state; trees, lookup and headed drafters are batch-1 only): use generate() per "
                           "prompt, or plain, small-AR or DFlash drafting")
     return [spawn() for _ in range(rows)]
+
+
+class PerRowDrafters:
+    """The batch drafter of a drafter that has none of its own: one drafter per row, drafting in turn."""
+
+    def __init__(self, drafters: list[Drafter]):
+        self.drafters = drafters
+
+    def reset(self, prompt_ids, prompt_features) -> None:
+        for drafter, prompt, features in zip(self.drafters, prompt_ids, prompt_features):
+            drafter.reset(prompt, features)
+
+    def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
+        return [self.drafters[row].propose(one, budget, sampling, generator) if budget > 0
+                else Proposal.empty(one.device) for row, one, budget, generator in zip(rows, ids, budgets, generators)]
+
+    def commit(self, row: int, length: int, features) -> None:
+        self.drafters[row].commit(length, features)
+
+
+def batch_drafter(drafter: Drafter, rows: int) -> BatchDrafter:
+    """The drafter's own batch drafter (one pass for all rows) when it has one and there are several rows;
+    else per-row drafters (one row: `drafter` itself, exactly the batch-1 drafting)."""
+    own = getattr(drafter, "batch_drafter", None)
+    if rows > 1 and own is not None:
+        return own(rows)
+    return PerRowDrafters(row_drafters(drafter, rows))
 
 
 def _prefill(target: Target, prompts: list[torch.Tensor], cache, layer_ids: Sequence[int]):
@@ -63,7 +91,8 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
 
     `seeds[r]` seeds row r's generator (default: row r gets r); with the same seed a row draws what
     `speculative_generate` would. A row's `decode_s` runs from the batch's first round to the round
-    that finished it (its decode latency); `prefill_s` is the shared prefill pass.
+    that finished it (its decode latency); `prefill_s` is the shared prefill pass. A round's `draft_s` is
+    the row's equal share of that round's drafting (so the rows' sum is the drafting time).
     """
     if len(prompts) == 0:
         raise ConfigError("no prompts: give at least one")
@@ -81,7 +110,7 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
     if len(seeds) != len(prompts):
         raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
     generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    drafters = row_drafters(drafter, len(prompts))
+    drafters = batch_drafter(drafter, len(prompts))
     stops = set(int(t) for t in stop_token_ids)
     layer_ids = drafter.target_layer_ids
     ids = [torch.empty((1, p.shape[1] + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
@@ -91,10 +120,10 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
     t_prefill = time.perf_counter()
     cache = target.new_cache()
     logits, features = _prefill(target, prompts, cache, layer_ids)
+    drafters.reset(prompts, features)
     results, lengths = [], []
     for row, prompt in enumerate(prompts):
         first, _ = choose(logits[row], sampling, generators[row])
-        drafters[row].reset(prompt, features[row])
         ids[row][:, :prompt.shape[1]] = prompt
         ids[row][0, prompt.shape[1]] = first
         lengths.append(prompt.shape[1] + 1)
@@ -114,22 +143,19 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
     t_decode = time.perf_counter()
     while active:
         t_round = time.perf_counter()
-        # propose: each row's drafter, on its own committed text
-        row_proposals, draft_seconds = [], []
-        for row in active:
-            t_draft = time.perf_counter()
-            budget = min(proposals, max_new_tokens - len(results[row].tokens) - 1)
-            proposal = (drafters[row].propose(ids[row][:, :lengths[row]], budget, sampling, generators[row])
-                        if budget > 0 else Proposal.empty(device))
+        # propose: every row's drafts, each on its row's own committed text (one drafter pass for DFlash)
+        budgets = [min(proposals, max_new_tokens - len(results[row].tokens) - 1) for row in active]
+        row_proposals = drafters.propose(active, [ids[row][:, :lengths[row]] for row in active], budgets, sampling,
+                                         [generators[row] for row in active])
+        for proposal, budget in zip(row_proposals, budgets):
             if proposal.tree_parents() is not None:
                 raise ConfigError("tree proposals are verified one sequence at a time: use generate() for tree "
                                   "drafters (batched decoding verifies chains)")
             check_depth(proposal.tokens, None, budget)
-            row_proposals.append(proposal)
-            draft_seconds.append(time.perf_counter() - t_draft)
         # verify: every row's [anchor, drafts], padded to the longest, in one target pass
         synchronize(device)
         t_verify = time.perf_counter()
+        draft_s = (t_verify - t_round) / len(active)  # the rows share the drafting time equally
         width = 1 + max(p.tokens.shape[0] for p in row_proposals)
         verify_ids = torch.zeros((len(active), width), dtype=torch.long, device=device)
         for index, (row, proposal) in enumerate(zip(active, row_proposals)):
@@ -159,10 +185,10 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
                 result.decode_s = time.perf_counter() - t_decode
             else:
                 still.append(row)
-                drafters[row].commit(lengths[row], None if out.features is None else out.features[index:index + 1,
-                                                                                                      :count])
+                drafters.commit(row, lengths[row],
+                                None if out.features is None else out.features[index:index + 1, :count])
             result.rounds.append(RoundRecord(
-                proposed=k, accepted=accepted, emitted=count, draft_s=draft_seconds[index], verify_s=verify_s,
+                proposed=k, accepted=accepted, emitted=count, draft_s=draft_s, verify_s=verify_s,
                 round_s=0.0, draft_tokens=draft_tokens.tolist(),
                 q_proposed=_token_probs(proposal) if record_q else None))
         # crop: each row keeps its past plus the `count` slots it committed; the cache shrinks to the longest

@@ -8,7 +8,7 @@ positions 0..L-2.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -89,9 +89,28 @@ class Drafter(Protocol):
         the m positions that just entered its cache (length - 1 - m .. length - 2)."""
 
 
-# Batched decoding (`decode/batch.py`) needs per-row state: a drafter that supports it also has
+# Batched decoding (`decode/batch.py`) needs per-row state. A drafter that supports it has one of
+#     def batch_drafter(self, rows: int) -> BatchDrafter   # drafts all rows in one pass (DFlash)
 #     def spawn(self) -> Drafter   # the same weights (shared, not copied) with fresh per-sequence state
-# and the batch loop gives each row its own. Drafters without it decode one sequence at a time.
+# the loop prefers `batch_drafter` and otherwise drafts row by row, one `spawn()` per row (with
+# `PerRowDrafters`). Drafters with neither decode one sequence at a time.
+
+
+@runtime_checkable
+class BatchDrafter(Protocol):
+    """The `Drafter` protocol over the rows of a batch; row ids are the prompts' indices, 0..R-1."""
+
+    def reset(self, prompt_ids: Sequence[torch.Tensor], prompt_features: Sequence[torch.Tensor | None]) -> None:
+        """Start every row: prompt_ids[r] (1, n_r); prompt_features[r] (1, n_r, F) or None."""
+
+    def propose(self, rows: Sequence[int], ids: Sequence[torch.Tensor], budgets: Sequence[int],
+                sampling: SamplingConfig, generators: Sequence[torch.Generator | None]) -> list[Proposal]:
+        """One chain per row still decoding (`rows`; a row not listed has finished and never returns),
+        row rows[i] on its committed ids[i] (1, L_i) with at most budgets[i] tokens (0: an empty one),
+        each what that row's own drafter would propose, drawing from generators[i]."""
+
+    def commit(self, row: int, length: int, features: torch.Tensor | None) -> None:
+        """`Drafter.commit` for one row."""
 
 
 class NoDrafter:

@@ -23,6 +23,7 @@ from ..config import ConfigError, DFlashConfig, SamplingConfig
 from ..decode.sampling import choose
 from ..target import Target
 from .base import Proposal
+from .dflash_rows import DFlashRows
 
 
 class RMSNorm(nn.Module):
@@ -225,6 +226,10 @@ class DFlashDrafter:
         row = copy.copy(self)
         row.cache, row.pending = None, None
         return row
+
+    def batch_drafter(self, rows: int) -> DFlashRows:
+        """All rows of a batch drafted in one pass, each row proposing what its own drafter would."""
+        return DFlashRows(self, rows)
 
     @torch.inference_mode()
     def draft_block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:

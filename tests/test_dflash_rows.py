@@ -1,0 +1,96 @@
+"""Batched DFlash drafting: every row proposes what it proposes when drafted alone (float32: the same greedy tokens,
+logits allclose, the same sampled draws), while rows of different lengths commit different counts and leave."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.checkpoints.dflash import new_drafter_config
+from blockdraft.config import SamplingConfig
+from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
+from helpers import init_drafter, tiny_target, trained_drafter
+
+LENGTHS = (7, 17, 3, 11)  # prompt lengths: rows are padded and their contexts differ
+
+
+def drafters(kind):
+    if kind == "trained":
+        target = tiny_target("qwen3")
+        return target, trained_drafter(target, block_size=6)
+    if kind == "draft-vocab":  # reduced draft vocabulary (qwen2: attention biases)
+        target = tiny_target("qwen2")
+        return target, init_drafter(target, num_layers=2, block_size=5, draft_vocab=torch.arange(0, 256, 3))
+    target = tiny_target("llama")  # DSpark layout: the anchor slot predicts too
+    torch.manual_seed(0)
+    config = dataclasses.replace(new_drafter_config(target, num_layers=1, block_size=5), layout="dspark")
+    return target, DFlashDrafter(DFlashDraftModel(config).eval(), target)
+
+
+def features(target, drafter, sequence, start, stop):
+    """Target features of positions start..stop-1 of `sequence` (1, n), as the loop would capture them."""
+    return target.forward(sequence[:, :stop], 0, target.new_cache(), drafter.target_layer_ids).features[:, start:stop]
+
+
+@pytest.mark.parametrize("kind", ["trained", "draft-vocab", "dspark"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_row_proposes_what_it_would_alone(kind, temperature):
+    target, drafter = drafters(kind)
+    sampling = SamplingConfig(temperature=temperature)
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(1, 200, (1, n + 1), generator=generator) for n in LENGTHS]  # prompt + first token
+    batched, alone = drafter.batch_drafter(len(sequences)), [drafter.spawn() for _ in sequences]
+    batched.reset([s[:, :-1] for s in sequences], [features(target, drafter, s, 0, s.shape[1] - 1) for s in sequences])
+    for row, s in enumerate(sequences):
+        alone[row].reset(s[:, :-1], features(target, drafter, s, 0, s.shape[1] - 1))
+    gens_batched = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
+    gens_alone = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
+    rows, compared = list(range(len(sequences))), 0
+    for round_index in range(7):
+        # budgets differ between rows (the end of a row's budget) and include an empty proposal
+        budgets = [(drafter.max_proposals - (row + round_index) % 3) % (drafter.max_proposals + 1) for row in rows]
+        proposals = batched.propose(rows, [sequences[row] for row in rows], budgets, sampling,
+                                    [gens_batched[row] for row in rows])
+        for row, budget, proposal in zip(rows, budgets, proposals):
+            if budget == 0:
+                assert proposal.tokens.numel() == 0
+                continue
+            own = alone[row].propose(sequences[row], budget, sampling, gens_alone[row])
+            assert torch.equal(proposal.tokens, own.tokens), (kind, round_index, row)
+            torch.testing.assert_close(proposal.logits, own.logits, atol=2e-5, rtol=1e-4)
+            if temperature:
+                torch.testing.assert_close(proposal.q_draft, own.q_draft, atol=1e-5, rtol=1e-4)
+            compared += 1
+        # each row commits its own count (1 .. k+1) of tokens; row 1 leaves after round 2, row 2 after round 4
+        for index, row in enumerate(rows):
+            count = 1 + (row * 3 + round_index) % (proposals[index].tokens.numel() + 1)
+            new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator)])[:count]
+            start = sequences[row].shape[1] - 1
+            sequences[row] = torch.cat([sequences[row], new[None]], dim=1)
+            committed = features(target, drafter, sequences[row], start, sequences[row].shape[1] - 1)
+            batched.commit(row, sequences[row].shape[1], committed)
+            alone[row].commit(sequences[row].shape[1], committed)
+        rows = [row for row in rows if not (row == 1 and round_index >= 2 or row == 2 and round_index >= 4)]
+    assert compared > 15
+
+
+def test_batched_decoding_drafts_all_rows_in_one_pass():
+    target, drafter = drafters("trained")
+    batch = [torch.randint(1, 200, (1, n), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
+    passes, original = [], drafter.model.forward
+
+    def counting(block_embeds, *args, **kwargs):
+        passes.append(block_embeds.shape[0])
+        return original(block_embeds, *args, **kwargs)
+
+    drafter.model.forward = counting
+    results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=24, stop_token_ids=())
+    # round i of every row is batch round i (rows only leave); a round drafts when some row proposed
+    drafting_rounds = max(len(result.rounds) for result in results) - sum(
+        all(len(result.rounds) <= i or result.rounds[i].proposed == 0 for result in results)
+        for i in range(max(len(result.rounds) for result in results)))
+    assert len(passes) == drafting_rounds > 3 and passes[0] == len(batch)
+    for prompt, result in zip(batch, results):  # and every row is still its own plain greedy text
+        assert result.tokens == blockdraft.generate(target, None, prompt, max_new_tokens=24,
+                                                    stop_token_ids=()).tokens
