@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import blockdraft
@@ -106,3 +107,14 @@ def write_chat_jsonl(path, count: int, *, user_words: int, assistant_words: int,
             row = {"id": str(i), "conversations": [{"role": "user", "content": words(user_words)},
                                                    {"role": "assistant", "content": words(assistant_words)}]}
             handle.write(json.dumps(row) + "\n")
+
+
+# Module-scoped fixtures shared by the decoding tests (import them by name into a test module).
+@pytest.fixture(scope="module")
+def targets():
+    return {arch: tiny_target(arch) for arch in ("qwen3", "qwen2", "llama")}
+
+
+@pytest.fixture(scope="module")
+def trained(targets):
+    return {arch: trained_drafter(target, block_size=8) for arch, target in targets.items()}

@@ -7,11 +7,9 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import batch as batch_module
-from blockdraft.decode import verify as verify_module
-from blockdraft.decode.sampling import sample, to_probs
 from blockdraft.drafters.small_ar import SmallARDrafter
-from helpers import init_drafter, prompts, tiny_target, trained_drafter
-from test_decode_sampling import NEW, PROMPT, chi_square_p, exact_joint, make_target
+from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
+from test_decode_sampling import NEW, PROMPT, broken_residual_verify, chi_square_p, exact_joint, make_target
 
 
 def mixed_prompts(seed: int = 0) -> list[torch.Tensor]:
@@ -23,15 +21,6 @@ def mixed_prompts(seed: int = 0) -> list[torch.Tensor]:
 def single(target, drafter, prompt, n, **options):
     return blockdraft.generate(target, drafter, prompt, max_new_tokens=n, **options).tokens
 
-
-@pytest.fixture(scope="module")
-def targets():
-    return {arch: tiny_target(arch) for arch in ("qwen3", "qwen2", "llama")}
-
-
-@pytest.fixture(scope="module")
-def trained(targets):
-    return {arch: trained_drafter(target, block_size=8) for arch, target in targets.items()}
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
@@ -120,13 +109,7 @@ def test_batched_sampling_matches_target_distribution(case):
 
 def test_batched_broken_residual_is_detected(monkeypatch):
     """The batch loop's own verify call, broken as in test_decode_sampling: the chi-square must see it."""
-    def broken(target_logits, draft_tokens, q_draft, sampling, generator):
-        accepted, token = verify_module.verify_sampling(target_logits, draft_tokens, q_draft, sampling, generator)
-        if accepted < draft_tokens.shape[0]:
-            token = int(sample(to_probs(target_logits[accepted], sampling), generator))
-        return accepted, token
-
-    monkeypatch.setattr(batch_module, "verify", broken)
+    monkeypatch.setattr(batch_module, "verify", broken_residual_verify)
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
     counts = draw_rows(target, SmallARDrafter(make_target(seed=3), target, num_proposals=2), sampling, DRAWS)

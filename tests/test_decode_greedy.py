@@ -6,17 +6,8 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError
 from blockdraft.drafters.small_ar import SmallARDrafter
-from helpers import init_drafter, prompts, tiny_target, trained_drafter
+from helpers import init_drafter, prompts, targets, tiny_target, trained, trained_drafter  # noqa: F401 (fixtures)
 
-
-@pytest.fixture(scope="module")
-def targets():
-    return {arch: tiny_target(arch) for arch in ("qwen3", "qwen2", "llama")}
-
-
-@pytest.fixture(scope="module")
-def trained(targets):
-    return {arch: trained_drafter(target, block_size=8) for arch, target in targets.items()}
 
 
 def plain(target, prompt, n, stops=()):

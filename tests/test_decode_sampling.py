@@ -102,15 +102,17 @@ def test_speculative_sampling_matches_target_distribution(target, case):
         assert chi_square_p(draw(target, None, sampling, DRAWS), joint, DRAWS) > 1e-3
 
 
+def broken_residual_verify(target_logits, draft_tokens, q_draft, sampling, generator):
+    """verify() with the correction sampled from p instead of norm(max(0, p - q)): biased output."""
+    accepted, token = verify_module.verify_sampling(target_logits, draft_tokens, q_draft, sampling, generator)
+    if accepted < draft_tokens.shape[0]:
+        token = int(sample(to_probs(target_logits[accepted], sampling), generator))
+    return accepted, token
+
+
 def test_broken_residual_is_detected(target, monkeypatch):
     """Sampling the correction from p instead of norm(max(0, p - q)) biases the output: the test must see it."""
-    def broken(target_logits, draft_tokens, q_draft, sampling, generator):
-        accepted, token = verify_module.verify_sampling(target_logits, draft_tokens, q_draft, sampling, generator)
-        if accepted < draft_tokens.shape[0]:
-            token = int(sample(to_probs(target_logits[accepted], sampling), generator))
-        return accepted, token
-
-    monkeypatch.setattr(loop_module, "verify", broken)
+    monkeypatch.setattr(loop_module, "verify", broken_residual_verify)
     sampling = SamplingConfig(temperature=1.0)
     drafter = SmallARDrafter(make_target(seed=3), target, num_proposals=2)
     counts = draw(target, drafter, sampling, DRAWS)
