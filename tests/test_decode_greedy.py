@@ -6,7 +6,7 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError
 from blockdraft.drafters.small_ar import SmallARDrafter
-from helpers import init_drafter, prompts, targets, tiny_target, trained, trained_drafter  # noqa: F401 (fixtures)
+from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
 
 
 
