@@ -164,3 +164,14 @@ def test_real_prompt_sets():
     assert len(sharegpt) > 10_000
     kept, dropped = P.drop_overlaps(sharegpt, [P.load_prompts(name) for name in P.SHIPPED])
     assert len(dropped) < 50 and len(kept) + len(dropped) == len(sharegpt)
+
+
+def test_jsonl_rows_keep_unicode_line_separators_inside_strings(tmp_path):
+    """ShareGPT answers hold U+2028 and U+0085; written raw (ensure_ascii=False) they must not split a row."""
+    text = "line one\u2028line two\x85three"
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": text}, ensure_ascii=False) + "\n"
+                    + json.dumps({"id": "b", "prompt": "plain"}) + "\n", encoding="utf-8")
+    rows = P.read_rows(path)
+    assert [row["prompt"] for row in rows] == [text, "plain"]
+    assert [p.turns[0] for p in P.load_prompt_file(path)] == [text, "plain"]

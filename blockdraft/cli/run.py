@@ -74,7 +74,8 @@ def read_batch_file(path: str, args: argparse.Namespace) -> list[tuple[str, str]
     temperature/top-p/top-k, so differing settings are refused rather than silently overridden.
     """
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        # "\n" only: str.splitlines would also break rows at U+2028 and friends inside JSON strings
+        lines = open(path, encoding="utf-8").read().split("\n")
     except OSError as err:
         raise ConfigError(f"--batch-file {path}: cannot read it ({err.strerror})") from None
     rows = []

@@ -138,7 +138,9 @@ def read_rows(path: str | Path) -> list[dict]:
         rows = json.loads(text)
     else:
         rows = []
-        for number, line in enumerate(text.splitlines(), 1):
+        # JSONL rows end at "\n" only: str.splitlines would also split at U+2028/U+2029/U+0085, which
+        # json.dumps(ensure_ascii=False) leaves raw inside strings (ShareGPT answers hold them).
+        for number, line in enumerate(text.split("\n"), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
