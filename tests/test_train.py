@@ -256,10 +256,15 @@ def test_train_conversations_nest_and_keep_the_heldout_set(setup, tmp_path):
     target = load_target(setup[1], dtype="fp32")
     splits = {n: TrainingData(make_config(setup, tmp_path / str(n), heldout=3, train_conversations=n), target, (1,),
                               Distributed()) for n in (2, 5, None)}
-    assert len({tuple(data.heldout) for data in splits.values()}) == 1
+    # Compared by content: with train_conversations set the data set narrows to the kept conversations.
+    text = lambda data, ids: {tuple(data.dataset[i].input_ids.tolist()) for i in ids}  # noqa: E731
+    assert len({frozenset(text(data, data.heldout)) for data in splits.values()}) == 1
     assert [len(data) for data in splits.values()] == [2, 5, 9]
-    assert set(splits[2].train_ids) < set(splits[5].train_ids) < set(splits[None].train_ids)
+    assert [len(data.dataset) for data in splits.values()] == [5, 8, 12]  # kept + held out, nothing else
+    assert text(splits[2], splits[2].train_ids) < text(splits[5], splits[5].train_ids) \
+        < text(splits[None], splits[None].train_ids)
     assert not set(splits[None].heldout) & set(splits[None].train_ids)
+    assert not text(splits[2], splits[2].heldout) & text(splits[2], splits[2].train_ids)
     with pytest.raises(ConfigError, match="train_conversations=10"):
         TrainingData(make_config(setup, tmp_path / "many", heldout=3, train_conversations=10), target, (1,),
                      Distributed())

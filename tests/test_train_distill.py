@@ -187,6 +187,23 @@ def test_cache_features_command_builds_what_the_run_reads_and_reports_the_prefix
     assert "larger than the target's vocabulary" in capsys.readouterr().err
 
 
+def test_a_run_on_a_subset_caches_only_the_conversations_it_reads(setup, tmp_path, capsys):
+    """train_conversations=k with heldout=h: the cache holds k + h sequences, `cache-features --config`
+    builds exactly what the run then reads (no second pass), and another k is its own cache."""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(make_config(setup, tmp_path / "run", heldout=2, train_conversations=3).to_dict()))
+    assert main(["cache-features", "--config", str(recipe), "max_steps=1"]) == 0
+    folder = tmp_path / "run" / "features"
+    index = json.loads((folder / F.INDEX_FILE).read_text())
+    assert index["num_sequences"] == 5 and index["complete"]
+    assert main(["train", "--config", str(recipe), "max_steps=1"]) == 0
+    assert json.loads((folder / F.INDEX_FILE).read_text()) == index
+    capsys.readouterr()
+    with pytest.raises(F.FeatureCacheError):  # 4 training conversations are another data set
+        train(make_config(setup, tmp_path / "other", heldout=2, train_conversations=4, feature_cache=str(folder),
+                          max_steps=1))
+
+
 def test_named_sharegpt_sources_keep_the_original_answers(tmp_path, monkeypatch):
     import blockdraft.assets as assets
     from blockdraft.runs import find_data

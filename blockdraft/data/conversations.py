@@ -347,6 +347,17 @@ class TokenizedDataset(Sequence[TokenizedConversation]):
         view.indices = [parent.indices[p] for p in positions]
         return view
 
+    def subset(self, positions: Sequence[int]) -> "TokenizedDataset":
+        """A data set of its own made of these conversations (in this order): unlike a shard, its
+        fingerprint and cache rows are its own, so a feature cache of it holds only them."""
+        if self.is_shard:
+            raise ValueError("subset a whole data set, not a shard")
+        subset = self._view(self, positions)
+        subset.indices = list(range(len(subset.items)))
+        subset.source_size = len(subset.items)
+        subset.fingerprint = token_fingerprint(subset.items)
+        return subset
+
     def __len__(self) -> int:
         return len(self.items)
 

@@ -30,6 +30,27 @@ def sequence_indices(step: int, config: TrainConfig, world_size: int, dataset_si
     return out
 
 
+def split_conversations(dataset, config: TrainConfig):
+    """(data set, training positions, held-out positions) of a run: a seeded split whose held-out
+    conversations never appear in a training batch, and whose first `train_conversations` training
+    ones are kept. With `train_conversations` set the data set narrows to the kept and held-out
+    conversations (same order, same batches), so a feature cache holds only what the run reads."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(config.seed + 7919))
+    if config.heldout >= len(dataset):
+        raise ConfigError(f"heldout={config.heldout} leaves no training data ({len(dataset)} conversations)")
+    heldout = sorted(order[len(order) - config.heldout:].tolist()) if config.heldout else []
+    trainable = order[:len(order) - config.heldout].tolist()
+    if config.train_conversations is None:
+        return dataset, sorted(trainable), heldout
+    if config.train_conversations > len(trainable):
+        raise ConfigError(f"train_conversations={config.train_conversations} but {config.data} has only "
+                          f"{len(trainable)} conversations besides the {config.heldout} held out")
+    kept = sorted(trainable[:config.train_conversations] + heldout)
+    position = {old: new for new, old in enumerate(kept)}  # monotonic: batches keep their order
+    return (dataset.subset(kept), sorted(position[i] for i in trainable[:config.train_conversations]),
+            [position[i] for i in heldout])
+
+
 class TrainingData:
     """Tokenised conversations plus their target features, online or from the cache."""
 
@@ -40,8 +61,9 @@ class TrainingData:
             raise ConfigError(f"target {config.target} has no tokenizer: training needs it to template conversations")
         from ..runs import find_data
 
-        self.dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
-                                        min_length=config.block_size + 1)
+        dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
+                                   min_length=config.block_size + 1)
+        self.dataset, self.train_ids, self.heldout = split_conversations(dataset, config)
         self.target = target
         self.layer_ids = layer_ids
         names = set(config.loss_names())
@@ -68,18 +90,6 @@ class TrainingData:
             self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset, topk=topk, target=target)
             self.with_logits = False
 
-        # A seeded split: the held-out conversations never appear in a training batch.
-        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(config.seed + 7919))
-        if config.heldout >= len(self.dataset):
-            raise ConfigError(f"heldout={config.heldout} leaves no training data ({len(self.dataset)} conversations)")
-        self.heldout = sorted(order[len(order) - config.heldout:].tolist()) if config.heldout else []
-        trainable = order[:len(order) - config.heldout].tolist()
-        if config.train_conversations is not None:
-            if config.train_conversations > len(trainable):
-                raise ConfigError(f"train_conversations={config.train_conversations} but {config.data} has only "
-                                  f"{len(trainable)} conversations besides the {config.heldout} held out")
-            trainable = trainable[:config.train_conversations]
-        self.train_ids = sorted(trainable)
 
     def __len__(self) -> int:
         return len(self.train_ids)

@@ -56,6 +56,10 @@ def build_cache(config: TrainConfig, *, out: str | None = None, logprob_dtype: t
         raise ConfigError(f"target {config.target} has no tokenizer: caching needs it to template conversations")
     dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
                                min_length=config.block_size + 1)
+    if from_recipe:  # the conversations the recipe's run reads (train_conversations narrows them)
+        from .data import split_conversations
+
+        dataset = split_conversations(dataset, config)[0]
     layer_ids = layer_ids_for(config, target)
     topk = config.resolved_cache_topk()
     if out or config.feature_cache:
