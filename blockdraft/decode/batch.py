@@ -133,7 +133,8 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
     lengths = [p.shape[1] for p in prompts]
     waiting = list(range(len(prompts)))  # prompts not started, in order
     active: list[int] = []  # rows decoding, in the order of the target cache's rows
-    cache, t_decode, round_number = target.new_cache(), None, 0
+    cache = None  # the target's row cache: the first prompts' prefill cache, later rows appended
+    t_decode, round_number = None, 0
 
     while active or waiting:
         # join: the next waiting prompts fill the free slots (prefilled together into a cache of their own,
@@ -161,9 +162,9 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
             synchronize(device)
             for row in joining:
                 results[row].prefill_s = time.perf_counter() - t_prefill
-            rows, active = active + joining, [row for row in active + joining
-                                              if results[row].stop_reason != "stop_token"
-                                              and len(results[row].tokens) < max_new_tokens]
+            rows = active + joining
+            active = [row for row in rows if results[row].stop_reason != "stop_token"
+                      and len(results[row].tokens) < max_new_tokens]
             if len(active) < len(rows):
                 _pack(cache, rows, active, [lengths[row] - 1 for row in rows], [0] * len(rows), 0)
         if t_decode is None:

@@ -50,7 +50,7 @@ def run_rounds(path: str) -> dict[tuple, dict]:
     table = {}
     for key, run in sorted(runs.items(), key=lambda item: (item[0][2], item[0][0] != "ar", item[0][1] or 0)):
         n = run["rounds"]
-        table[key] = {"rounds": n, "rows_per_round": run["rows"] / n, "tokens_per_round": run["emitted"] / n,
+        table[key] = {"rounds": int(n), "rows_per_round": run["rows"] / n, "tokens_per_round": run["emitted"] / n,
                       "row_tau": run["emitted"] / run["rows"], "round_ms": 1e3 * run["round_s"] / n,
                       "verify_ms": 1e3 * run["verify_s"] / n, "draft_ms": 1e3 * run["draft_s"] / n,
                       "other_ms": 1e3 * (run["round_s"] - run["verify_s"] - run["draft_s"]) / n,
@@ -62,7 +62,7 @@ def run_rounds(path: str) -> dict[tuple, dict]:
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         print(f"{path}\n| batch | run | rounds | rows / round | tokens / round (per slot) | row tau | round ms "
-              f"| verify | draft | other | joins s / decode s | tok/s in rounds |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+              f"| verify | draft | other | joins s / decode s | tok/s in rounds |\n" + "|---" * 12 + "|")
         for (method, block, size), c in run_rounds(path).items():
             label = method if block is None else f"{method} B={block}"
             print(f"| {size} | {label} | {c['rounds']} | {c['rows_per_round']:.2f} | {c['tokens_per_round']:.2f} "
