@@ -58,7 +58,7 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
                    max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    stop_token_ids: Iterable[int] | None = None, seed: int | Sequence[int | None] | None = 0,
                    draft_argmax: bool = False, num_proposals: int | None = None,
-                   record_q: bool = False) -> list[GenerationResult]:
+                   record_q: bool = False, max_batch: int | None = None) -> list[GenerationResult]:
     """Decode several prompts (of any lengths) together; one `GenerationResult` per prompt, in order.
 
     The target verifies every row in one pass; each row keeps its own length, acceptance and stop, and
@@ -66,6 +66,8 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
     same distribution). All rows share one temperature/top-k/top-p. `seed`: an integer gives row r the
     seed `seed + r`; a list gives one seed per row (the same seed as `generate` draws the same tokens).
     Drafters: plain (None), small-AR and DFlash; trees and headed drafters are batch-1 only.
+    `max_batch`: at most this many prompts decode at once; a finished row's slot goes to the next waiting
+    prompt (continuous batching). None: all at once.
     """
     for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
         if isinstance(value, (list, tuple)) or isinstance(value, torch.Tensor):
@@ -89,7 +91,8 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
         raise ConfigError(f"seed must be an integer, a list of integers (one per prompt) or None, got {seed!r}")
     stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
     return batch_generate(target, drafter, tensors, max_new_tokens=max_new_tokens, sampling=sampling,
-                          stop_token_ids=stops, seeds=seeds, num_proposals=num_proposals, record_q=record_q)
+                          stop_token_ids=stops, seeds=seeds, num_proposals=num_proposals, record_q=record_q,
+                          max_batch=max_batch)
 
 
 def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:

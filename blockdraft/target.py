@@ -233,6 +233,17 @@ class Target:
             layer.keys = layer.keys[rows].gather(2, index)
             layer.values = layer.values[rows].gather(2, index)
 
+    @staticmethod
+    def join_rows(cache: DynamicCache, other: DynamicCache) -> None:
+        """Append the rows of `other` (another batched cache, e.g. new prompts' prefill) to `cache`'s, each row
+        still left-aligned; the one with fewer slots is padded with zeros, slots that `forward_rows` masks."""
+        for layer, new in zip(cache.layers, other.layers):
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            size = max(layer.keys.shape[2], new.keys.shape[2])
+            layer.keys = torch.cat([_pad_slots(layer.keys, size), _pad_slots(new.keys, size)])
+            layer.values = torch.cat([_pad_slots(layer.values, size), _pad_slots(new.values, size)])
+
     @torch.inference_mode()
     def forward_tree(self, input_ids: torch.Tensor, start: int, cache: DynamicCache, parents: torch.Tensor,
                      layer_ids: Sequence[int] = ()) -> TargetOutput:
@@ -377,3 +388,8 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     from .assets import resolve_model
 
     return Path(resolve_model(str(name_or_path)))
+
+
+def _pad_slots(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    """(R, kv, S, hd) -> (R, kv, size, hd), zero slots appended."""
+    return torch.nn.functional.pad(tensor, (0, 0, 0, size - tensor.shape[2]))

@@ -1,6 +1,8 @@
 """Batched decoding: every row equals its batch-1 decoding (greedy, float32, token for token; sampling,
 in distribution), rows of different lengths share one target pass, finished rows leave the batch."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -81,6 +83,62 @@ def test_sampled_rows_draw_what_batch_one_draws_with_the_same_seed(targets, trai
             for p, s in zip(batch, seeds)]
 
 
+def queue_prompts(seed: int = 0) -> list[torch.Tensor]:
+    """More prompts than slots, of different lengths, so rows join a batch whose rows are longer or shorter."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 200, (1, n), generator=generator) for n in (7, 17, 3, 11, 5, 21, 9)]
+
+
+def joined_mid_run(results) -> int:
+    """Rows that joined while a row started before them was still decoding (old and new rows mixed)."""
+    spans = [(r.rounds[0].batch_round, r.rounds[-1].batch_round) for r in results if r.rounds]
+    return sum(1 for first, _ in spans if any(start < first <= last for start, last in spans))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_rows_joining_mid_run_equal_plain_greedy(targets, trained, arch):
+    """Continuous batching: at most max_batch rows at once, the next prompt taking a finished row's slot.
+    Stop tokens make rows finish at different rounds (one at its first token), so rows join a batch
+    whose other rows are longer or shorter than they are."""
+    target = targets[arch]
+    batch = queue_prompts()
+    stops = (single(target, None, batch[1], 40, stop_token_ids=())[9],
+             single(target, None, batch[4], 40, stop_token_ids=())[0])
+    plain = [single(target, None, p, 40, stop_token_ids=stops) for p in batch]
+    assert len({len(tokens) for tokens in plain}) > 2 and min(len(tokens) for tokens in plain) == 1
+    drafters = {"ar": None, "dflash": trained[arch],
+                "small-ar": SmallARDrafter(tiny_target(arch, seed=5), target, num_proposals=3)}
+    for name, drafter in drafters.items():
+        for max_batch in (2, 3):
+            results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=stops,
+                                                max_batch=max_batch)
+            assert [r.tokens for r in results] == plain, (name, max_batch)
+            assert joined_mid_run(results) >= 2, (name, max_batch)
+            per_round = Counter(r.batch_round for result in results for r in result.rounds)
+            assert max(per_round.values()) == max_batch, (name, max_batch)
+
+
+def test_joined_rows_draw_what_batch_one_draws_with_the_same_seed(targets, trained):
+    target, drafter = targets["qwen3"], trained["qwen3"]
+    batch = queue_prompts(seed=3)
+    seeds = [21 + row for row in range(len(batch))]
+    for candidate in (None, drafter, SmallARDrafter(tiny_target("qwen3", seed=5), target, num_proposals=3)):
+        results = blockdraft.generate_batch(target, candidate, batch, max_new_tokens=24, temperature=0.9, top_k=50,
+                                            stop_token_ids=(), seed=seeds, max_batch=3)
+        assert [r.tokens for r in results] == [
+            single(target, candidate, p, 24, temperature=0.9, top_k=50, stop_token_ids=(), seed=s)
+            for p, s in zip(batch, seeds)]
+
+
+def test_max_batch_larger_than_the_prompts_is_all_at_once(targets, trained):
+    target, drafter = targets["qwen2"], trained["qwen2"]
+    batch = mixed_prompts()
+    together = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=20, stop_token_ids=())
+    pooled = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=20, stop_token_ids=(), max_batch=9)
+    assert [r.tokens for r in pooled] == [r.tokens for r in together]
+    assert [[r.batch_round for r in x.rounds] for x in pooled] == [[r.batch_round for r in x.rounds] for x in together]
+
+
 # Three rows of different prompts, each compared with its own exact distribution of the first NEW tokens.
 ROW_PROMPTS = [PROMPT, torch.tensor([[6, 1]]), torch.tensor([[2, 2, 5, 0, 7, 1, 3, 4]])]
 DRAWS = 1500
@@ -131,6 +189,10 @@ def test_bad_batches_get_clear_errors(targets):
         (lambda: blockdraft.generate_batch(target, None, batch, seed=[1, 2]), "one per prompt"),
         (lambda: blockdraft.generate_batch(target, None, batch, seed="x"), "seed"),
         (lambda: blockdraft.generate_batch(target, None, batch, max_new_tokens=0), "max_new_tokens"),
+        (lambda: blockdraft.generate_batch(target, None, batch, max_batch=0), "max_batch must be an integer >= 1"),
+        (lambda: blockdraft.generate_batch(target, None, batch, max_batch=-2), "max_batch"),
+        (lambda: blockdraft.generate_batch(target, None, batch, max_batch=1.5), "max_batch"),
+        (lambda: blockdraft.generate_batch(target, None, batch, max_batch=True), "max_batch"),
     ]
     for call, words in cases:
         with pytest.raises(ConfigError, match=words):

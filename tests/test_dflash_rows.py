@@ -35,19 +35,27 @@ def features(target, drafter, sequence, start, stop):
 
 @pytest.mark.parametrize("kind", ["trained", "draft-vocab", "dspark"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_each_row_proposes_what_it_would_alone(kind, temperature):
+@pytest.mark.parametrize("late", [False, True])
+def test_each_row_proposes_what_it_would_alone(kind, temperature, late):
+    """late: rows 2 and 3 join at round 3 (continuous batching), after row 1 has left."""
     target, drafter = drafters(kind)
     sampling = SamplingConfig(temperature=temperature)
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(1, 200, (1, n + 1), generator=generator) for n in LENGTHS]  # prompt + first token
     batched, alone = drafter.batch_drafter(len(sequences)), [drafter.spawn() for _ in sequences]
-    batched.reset([s[:, :-1] for s in sequences], [features(target, drafter, s, 0, s.shape[1] - 1) for s in sequences])
+    first = 2 if late else len(sequences)
+    batched.reset([s[:, :-1] for s in sequences[:first]],
+                  [features(target, drafter, s, 0, s.shape[1] - 1) for s in sequences[:first]])
     for row, s in enumerate(sequences):
         alone[row].reset(s[:, :-1], features(target, drafter, s, 0, s.shape[1] - 1))
     gens_batched = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
     gens_alone = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
-    rows, compared = list(range(len(sequences))), 0
+    rows, compared = list(range(first)), 0
     for round_index in range(7):
+        if late and round_index == 3:
+            batched.join([2, 3], [s[:, :-1] for s in sequences[2:]],
+                         [features(target, drafter, s, 0, s.shape[1] - 1) for s in sequences[2:]])
+            rows += [2, 3]
         # budgets differ between rows (the end of a row's budget) and include an empty proposal
         budgets = [(drafter.max_proposals - (row + round_index) % 3) % (drafter.max_proposals + 1) for row in rows]
         proposals = batched.propose(rows, [sequences[row] for row in rows], budgets, sampling,

@@ -41,14 +41,19 @@ def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
 
 
 class PerRowDrafters:
-    """The batch drafter of a drafter that has none of its own: one drafter per row, drafting in turn."""
+    """The batch drafter of a drafter that has none of its own: one drafter per row, drafting in turn.
+    Row r uses drafters[r]; a row joining later gets drafters[r] too (one per request, made up front)."""
 
     def __init__(self, drafters: list[Drafter]):
         self.drafters = drafters
 
     def reset(self, prompt_ids, prompt_features) -> None:
-        for drafter, prompt, features in zip(self.drafters, prompt_ids, prompt_features):
-            drafter.reset(prompt, features)
+        for row, (prompt, features) in enumerate(zip(prompt_ids, prompt_features)):
+            self.drafters[row].reset(prompt, features)
+
+    def join(self, rows, prompt_ids, prompt_features) -> None:
+        for row, prompt, features in zip(rows, prompt_ids, prompt_features):
+            self.drafters[row].reset(prompt, features)
 
     def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
         return [self.drafters[row].propose(one, budget, sampling, generator) if budget > 0
@@ -59,8 +64,9 @@ class PerRowDrafters:
 
 
 def batch_drafter(drafter: Drafter, rows: int) -> BatchDrafter:
-    """The drafter's own batch drafter (one pass for all rows) when it has one and there are several rows;
-    else per-row drafters (one row: `drafter` itself, exactly the batch-1 drafting)."""
+    """The drafter's own batch drafter (one pass for all rows) when it has one and there are several rows
+    (requests, counting those that join later); else per-row drafters (one row: `drafter` itself, exactly
+    the batch-1 drafting)."""
     own = getattr(drafter, "batch_drafter", None)
     if rows > 1 and own is not None:
         return own(rows)
@@ -86,16 +92,23 @@ def _prefill(target: Target, prompts: list[torch.Tensor], cache, layer_ids: Sequ
 def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *,
                    max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                    stop_token_ids: Sequence[int] = (), seeds: Sequence[int | None] | None = None,
-                   num_proposals: int | None = None, record_q: bool = False) -> list[GenerationResult]:
+                   num_proposals: int | None = None, record_q: bool = False,
+                   max_batch: int | None = None) -> list[GenerationResult]:
     """Generate after each prompt (1, n_r) together; one result per prompt, in order, each lossless.
 
+    `max_batch` (continuous batching): at most this many rows decode at once; when rows finish, the next
+    waiting prompts are prefilled and join the batch in their slots (None: every prompt at once).
     `seeds[r]` seeds row r's generator (default: row r gets r); with the same seed a row draws what
-    `speculative_generate` would. A row's `decode_s` runs from the batch's first round to the round
-    that finished it (its decode latency); `prefill_s` is the shared prefill pass. A round's `draft_s` is
-    the row's equal share of that round's drafting (so the rows' sum is the drafting time).
+    `speculative_generate` would. A row's `decode_s` runs from the run's first round to the round that
+    finished it (its latency; for a row that joined later, its wait included); `prefill_s` is the
+    prefill pass it joined with. A round's `draft_s` is the row's equal share of that round's drafting
+    (so the rows' sum is the drafting time).
     """
     if len(prompts) == 0:
         raise ConfigError("no prompts: give at least one")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
+                          f"prompt at once), got {max_batch!r}")
     drafter = drafter if drafter is not None else NoDrafter()
     if num_proposals is not None and num_proposals < 0:
         raise ConfigError(f"num_proposals must be >= 0, got {num_proposals}")
@@ -110,38 +123,54 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
     if len(seeds) != len(prompts):
         raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
     generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    slots = len(prompts) if max_batch is None else min(max_batch, len(prompts))
     drafters = batch_drafter(drafter, len(prompts))
     stops = set(int(t) for t in stop_token_ids)
     layer_ids = drafter.target_layer_ids
     ids = [torch.empty((1, p.shape[1] + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
            for p in prompts]  # each row's committed sequence; its last entry is the anchor
+    results: list[GenerationResult] = [GenerationResult(tokens=[], prompt_length=p.shape[1]) for p in prompts]
+    lengths = [p.shape[1] for p in prompts]
+    waiting = list(range(len(prompts)))  # prompts not started, in order
+    active: list[int] = []  # rows decoding, in the order of the target cache's rows
+    cache = None  # the target's row cache: the first prompts' prefill cache, later rows appended
+    t_decode, round_number = None, 0
 
-    synchronize(device)
-    t_prefill = time.perf_counter()
-    cache = target.new_cache()
-    logits, features = _prefill(target, prompts, cache, layer_ids)
-    drafters.reset(prompts, features)
-    results, lengths = [], []
-    for row, prompt in enumerate(prompts):
-        first, _ = choose(logits[row], sampling, generators[row])
-        ids[row][:, :prompt.shape[1]] = prompt
-        ids[row][0, prompt.shape[1]] = first
-        lengths.append(prompt.shape[1] + 1)
-        results.append(GenerationResult(tokens=[int(first)], prompt_length=prompt.shape[1]))
-        if int(first) in stops:
-            results[row].stop_reason = "stop_token"
-    synchronize(device)
-    prefill_s = time.perf_counter() - t_prefill
-    for result in results:
-        result.prefill_s = prefill_s
-
-    active = [row for row, result in enumerate(results)
-              if result.stop_reason != "stop_token" and len(result.tokens) < max_new_tokens]
-    if len(active) < len(prompts):  # rows done at the first token leave before the first round
-        _pack(cache, list(range(len(prompts))), active, [lengths[r] - 1 for r in range(len(prompts))],
-              [0] * len(prompts), 0)
-    t_decode = time.perf_counter()
-    while active:
+    while active or waiting:
+        # join: the next waiting prompts fill the free slots (prefilled together into a cache of their own,
+        # then appended as rows); a row done at its first token leaves at once and frees its slot again
+        while waiting and len(active) < slots:
+            joining = waiting[:slots - len(active)]
+            del waiting[:len(joining)]
+            synchronize(device)
+            t_prefill = time.perf_counter()
+            joined_cache = target.new_cache()
+            logits, features = _prefill(target, [prompts[row] for row in joining], joined_cache, layer_ids)
+            drafters.join(joining, [prompts[row] for row in joining], features)
+            for index, row in enumerate(joining):
+                first, _ = choose(logits[index], sampling, generators[row])
+                ids[row][:, :lengths[row]] = prompts[row]
+                ids[row][0, lengths[row]] = first
+                lengths[row] += 1
+                results[row].tokens.append(int(first))
+                if int(first) in stops:
+                    results[row].stop_reason = "stop_token"
+            if active:
+                Target.join_rows(cache, joined_cache)
+            else:
+                cache = joined_cache
+            synchronize(device)
+            for row in joining:
+                results[row].prefill_s = time.perf_counter() - t_prefill
+            rows = active + joining
+            active = [row for row in rows if results[row].stop_reason != "stop_token"
+                      and len(results[row].tokens) < max_new_tokens]
+            if len(active) < len(rows):
+                _pack(cache, rows, active, [lengths[row] - 1 for row in rows], [0] * len(rows), 0)
+        if t_decode is None:
+            t_decode = time.perf_counter()
+        if not active:
+            break
         t_round = time.perf_counter()
         # propose: every row's drafts, each on its row's own committed text (one drafter pass for DFlash)
         budgets = [min(proposals, max_new_tokens - len(results[row].tokens) - 1) for row in active]
@@ -190,14 +219,14 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
             result.rounds.append(RoundRecord(
                 proposed=k, accepted=accepted, emitted=count, draft_s=draft_s, verify_s=verify_s,
                 round_s=0.0, draft_tokens=draft_tokens.tolist(),
-                q_proposed=_token_probs(proposal) if record_q else None))
+                q_proposed=_token_probs(proposal) if record_q else None, batch_round=round_number))
         # crop: each row keeps its past plus the `count` slots it committed; the cache shrinks to the longest
         _pack(cache, active, still, starts, kept, cache.get_seq_length() - width)
         synchronize(device)
         round_s = time.perf_counter() - t_round
         for row in active:
             results[row].rounds[-1].round_s = round_s
-        active = still
+        active, round_number = still, round_number + 1
     return results
 
 

@@ -35,6 +35,7 @@ class RoundRecord:
     draft_parents: list[int] | None = None  # a tree's parents (-1 = the anchor); None for a chain
     accepted_sources: list[str] | None = None  # hybrid trees: the drafters that proposed each accepted token
     q_proposed: list[float] | None = None  # drafter probability of each proposal (when record_q is on)
+    batch_round: int | None = None  # batched decoding: the batch's round this row took part in (0, 1, ...)
 
 
 @dataclass

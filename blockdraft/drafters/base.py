@@ -103,6 +103,10 @@ class BatchDrafter(Protocol):
     def reset(self, prompt_ids: Sequence[torch.Tensor], prompt_features: Sequence[torch.Tensor | None]) -> None:
         """Start every row: prompt_ids[r] (1, n_r); prompt_features[r] (1, n_r, F) or None."""
 
+    def join(self, rows: Sequence[int], prompt_ids: Sequence[torch.Tensor],
+             prompt_features: Sequence[torch.Tensor | None]) -> None:
+        """Rows (new ids) start while others decode (continuous batching), as `reset` starts a row."""
+
     def propose(self, rows: Sequence[int], ids: Sequence[torch.Tensor], budgets: Sequence[int],
                 sampling: SamplingConfig, generators: Sequence[torch.Generator | None]) -> list[Proposal]:
         """One chain per row still decoding (`rows`; a row not listed has finished and never returns),

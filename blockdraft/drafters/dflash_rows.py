@@ -12,7 +12,8 @@ masked so that a row sees only its own context and its own block). What it keeps
   (DFlash has no causal mask inside a block, so a longer neighbour's block must stay hidden).
 
 The block's own keys/values are dropped after the pass, as at batch 1. Rows that finish leave at the
-next `propose` (the rows it is given are the ones still decoding).
+next `propose` (the rows it is given are the ones still decoding); rows that `join` later (continuous
+batching) get an empty row of the cache and their prompt's features as pending.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ class RowContextCache:
         self.lengths = [self.lengths[row] for row in rows]
         self.incoming = [self.incoming[row] for row in rows]
 
+    def add_rows(self, count: int) -> None:
+        """`count` empty rows after the current ones."""
+        for layer, keys in enumerate(self.keys):
+            if keys is not None:
+                self.keys[layer] = torch.cat([keys, keys.new_zeros(count, *keys.shape[1:])])
+                self.values[layer] = torch.cat([self.values[layer], keys.new_zeros(count, *keys.shape[1:])])
+        self.lengths += [0] * count
+        self.incoming += [0] * count
+
 
 def _write_rows(buffer: torch.Tensor | None, new: torch.Tensor, starts: list[int], counts: list[int],
                 size: int) -> torch.Tensor:
@@ -85,16 +95,25 @@ def _write_rows(buffer: torch.Tensor | None, new: torch.Tensor, starts: list[int
 class DFlashRows:
     """The batch drafter of a `DFlashDrafter`: its weights and head, one padded state for all rows."""
 
-    def __init__(self, drafter, rows: int):
+    def __init__(self, drafter, rows: int = 0):
         self.drafter = drafter
-        self.order = list(range(rows))  # original row id at each batch index
-        self.cache = RowContextCache(drafter.config.num_hidden_layers, rows)
-        self.pending: list[torch.Tensor | None] = [None] * rows  # row r: (1, m, F) features not yet projected
+        self.order: list[int] = []  # row id at each batch index of the cache
+        self.cache = RowContextCache(drafter.config.num_hidden_layers, 0)
+        self.pending: dict[int, torch.Tensor | None] = {}  # row id: (1, m, F) features not yet projected
 
     def reset(self, prompt_ids: Sequence[torch.Tensor], prompt_features: Sequence[torch.Tensor | None]) -> None:
-        self.order = list(range(len(prompt_ids)))
-        self.cache = RowContextCache(self.drafter.config.num_hidden_layers, len(prompt_ids))
-        self.pending = list(prompt_features)
+        """Start rows 0..R-1 afresh (every earlier row leaves)."""
+        self.order, self.pending = [], {}
+        self.cache = RowContextCache(self.drafter.config.num_hidden_layers, 0)
+        self.join(range(len(prompt_ids)), prompt_ids, prompt_features)
+
+    def join(self, rows: Sequence[int], prompt_ids: Sequence[torch.Tensor],
+             prompt_features: Sequence[torch.Tensor | None]) -> None:
+        """New rows (ids not used before) start after the current ones; the next `propose` projects their
+        prompts' features (1, n_r, F)."""
+        self.order += list(rows)
+        self.cache.add_rows(len(rows))
+        self.pending.update(zip(rows, prompt_features))
 
     def commit(self, row: int, length: int, features: torch.Tensor | None) -> None:
         if features is None:
@@ -149,6 +168,8 @@ class DFlashRows:
         cache.advance()
         for row in rows:
             self.pending[row] = None
+        for row in [row for row in self.pending if row not in rows]:
+            del self.pending[row]  # finished rows
         rows_count, k, size = hidden.shape[0], block_len - first, hidden.shape[2]
         # One (R*k, H) matrix for the head: a 3-D non-contiguous input sends F.linear to a batched matmul
         # that copies the (V_draft, H) weight once per row (measured 30 ms a round at batch 4 on the CPU).

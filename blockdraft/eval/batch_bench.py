@@ -1,18 +1,21 @@
 """`blockdraft bench --batch-size 1 2 4 8`: the methods decoding several requests at once, side by side.
 
-Each dataset's prompts are cut into consecutive batches of each batch size (the last one may be
-shorter); every batch runs every method of our loop (`ar`, `small-ar`, `dflash`) in turn through
-`generate_batch`, the order rotating by one method per batch, after one warm-up batch per method and
-batch size. Batch sizes take turns too (a batch runs when its first prompt comes up), so drift or
-another process on the machine hits every size alike. Batched runs measure each prompt's first turn.
+Continuous batching: at batch size N, a dataset's prompts (all arriving at once, in order) flow through
+N slots (`generate_batch(..., max_batch=N)`): N decode together, and when one finishes the next waiting
+prompt is prefilled and takes its slot, as a serving engine runs. Every method of our loop (`ar`,
+`small-ar`, `dflash`) runs the whole pool in turn, the order rotating by one method per pool, after one
+warm-up per method and batch size (its first N prompts, 16 tokens). Batched runs measure each prompt's
+first turn.
 
-A record is one request (one row of a batch) with the usual fields plus `batch_size`, `batch` (the
-batch's index within its dataset) and `batch_prompt_ids`. A row's `decode_s` is its latency, from the
-batch's first round to the round that finished it; the batch's decode time is the largest `decode_s`
-among its rows; `prefill_s` is the batch's shared prefill. Derived (`batch_section`):
-- total decode tokens/s = tokens decoded by all rows / decode time of the batches;
+A record is one request (one row) with the usual fields plus `batch_size`, `batch` (0: the pool of its
+dataset) and `batch_prompt_ids` (the pool's prompts). A row's `decode_s` runs from the pool's first
+round to the round that finished it (a request's latency when all arrive at once: its wait included);
+the pool's decode time is the largest `decode_s` among its rows, the later rows' prefills included;
+`prefill_s` is the prefill pass the row joined with. `rounds.batch_round` numbers the pool's rounds.
+Derived (`batch_section`):
+- total decode tokens/s = tokens decoded by all rows / decode time of the pools;
 - per-request latency = prefill_s + decode_s of the row (mean over requests);
-- speedup = the run's total decode tokens/s over `ar`'s at the same batch size;
+- speedup = the run's total decode tokens/s over `ar`'s at the same batch size (same scheduling);
 - draft / verify share: the rows' drafter time and the shared verify passes, over decode time.
 """
 
@@ -39,31 +42,25 @@ def check_methods(methods: tuple[str, ...]) -> None:
                               "only (trees, lookup, heads options, HF peers): bench it without --batch-size")
 
 
-def batches(prompts: list, size: int) -> list[list]:
-    return [prompts[i:i + size] for i in range(0, len(prompts), size)]
-
-
 def pending_batches(prompt_sets: dict, batch_sizes: tuple[int, ...], records: list[dict]) -> list[tuple]:
-    """(batch size, dataset, batch index, prompts) not measured yet. A stored batch whose prompts differ
-    (a larger --n filled up a short last batch) is dropped from `records` and measured again."""
+    """(batch size, dataset, 0, prompts): the pools not measured yet. Stored batched records of another
+    pool (a different --n, or fixed batches of an older version) are dropped and measured again."""
     stored: dict[tuple, list[str]] = {}
     for record in records:
-        stored.setdefault((record.get("batch_size"), record["dataset"], record.get("batch")),
-                          record.get("batch_prompt_ids"))
-    pending, stale = [], set()
+        if record.get("batch_size") is not None:
+            stored.setdefault((record["batch_size"], record["dataset"], record.get("batch")),
+                              record.get("batch_prompt_ids"))
+    pending, keep = [], set()
     for size in batch_sizes:
         for name, prompts in prompt_sets.items():
-            for index, group in enumerate(batches(prompts, size)):
-                key, ids = (size, name, index), [p.id for p in group]
-                if stored.get(key) == ids:
-                    continue
-                if key in stored:
-                    stale.add(key)
-                pending.append((size, name, index, group))
-    records[:] = [r for r in records if (r.get("batch_size"), r["dataset"], r.get("batch")) not in stale]
-    # Batch sizes take turns along the prompt list (a batch runs when its first prompt comes up), so slow
-    # drift or another process on the machine hits every batch size alike, as it hits every method alike.
-    return sorted(pending, key=lambda item: (item[2] * item[0], item[0]))
+            key, ids = (size, name, 0), [p.id for p in prompts]
+            if stored.get(key) == ids:
+                keep.add(key)
+                continue
+            pending.append((size, name, 0, prompts))
+    records[:] = [r for r in records if r.get("batch_size") is None
+                  or (r["batch_size"], r["dataset"], r.get("batch")) in keep]
+    return pending
 
 
 def measure_batches(pending: list[tuple], runners: list, tokenizer, config, results: dict, session: dict,
@@ -80,13 +77,15 @@ def measure_batches(pending: list[tuple], runners: list, tokenizer, config, resu
         rendered = [render_chat(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in group]
         if size not in warm:  # first-call allocations at this batch size stay out of the timings
             for runner in runners:
-                runner.run_batch(rendered, max_new_tokens=min(16, config.max_new_tokens), seed=config.seed)
+                runner.run_batch(rendered[:size], max_new_tokens=min(16, config.max_new_tokens), seed=config.seed,
+                                 max_batch=size)
             warm.add(size)
         rotation = number % len(runners)
         speeds = []
         for runner in [runners[(i + rotation) % len(runners)] for i in range(len(runners))]:
             started_at = time.time()
-            measurements = runner.run_batch(rendered, max_new_tokens=config.max_new_tokens, seed=config.seed)
+            measurements = runner.run_batch(rendered, max_new_tokens=config.max_new_tokens, seed=config.seed,
+                                            max_batch=size)
             for prompt, measurement in zip(group, measurements):
                 results["records"].append({
                     "dataset": name, "prompt_id": prompt.id, "turn": 0, "method": runner.method,
@@ -101,6 +100,19 @@ def measure_batches(pending: list[tuple], runners: list, tokenizer, config, resu
         session["prompts_measured"] += len(group)
         save()
         log(f"[{number}/{len(pending)}] {name} batch {index} x{len(group)} (size {size}): {' | '.join(speeds)}")
+
+
+def _batch_verify_s(rows: list[dict]) -> float:
+    """The batch's verify time: each of its rounds counted once (`batch_round`; records without it come
+    from fixed batches, whose longest row took part in every round)."""
+    per_round: dict[int, float] = {}
+    for r in rows:
+        columns = r.get("rounds") or {}
+        if "batch_round" not in columns:
+            longest = max(rows, key=lambda r: len((r.get("rounds") or {}).get("verify_s", [])))
+            return sum((longest.get("rounds") or {}).get("verify_s", []))
+        per_round.update(zip(columns["batch_round"], columns["verify_s"]))
+    return sum(per_round.values())
 
 
 def _label(method: str, block_size: int | None) -> str:
@@ -122,8 +134,7 @@ def batch_summary(records: list[dict]) -> dict[tuple, dict]:
         latencies = []
         for rows in by_batch.values():
             decode += max(r["decode_s"] for r in rows)
-            longest = max(rows, key=lambda r: len((r.get("rounds") or {}).get("verify_s", [])))
-            verify += sum((longest.get("rounds") or {}).get("verify_s", []))
+            verify += _batch_verify_s(rows)
             for r in rows:
                 tokens += len(r["tokens"]) - 1
                 latencies.append(r["prefill_s"] + r["decode_s"])
@@ -143,8 +154,9 @@ def batch_section(results: dict) -> list[str]:
     if not summary:
         return []
     lines = ["## Batched decoding", "",
-             "Each batch decodes its prompts together (one target verify pass per round for all rows). total tok/s "
-             "= decode tokens of all rows / batch decode time; speedup = that over `ar`'s at the same batch size; "
+             "The prompts flow through `batch` slots (continuous batching: a finished row's slot goes to the next "
+             "prompt; one target verify pass per round for all rows). total tok/s = decode tokens of all rows / "
+             "decode time; speedup = that over `ar`'s at the same batch size; "
              "latency = prefill + the request's own decode time (mean, max); draft / verify = the rows' drafter "
              "time and the shared verify passes as shares of decode time.", ""]
     for dataset in dict.fromkeys(run[0] for run in summary):

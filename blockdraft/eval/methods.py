@@ -248,6 +248,8 @@ def _round_columns(rounds) -> dict[str, list]:
         columns["draft_parents"] = [r.draft_parents for r in rounds]
     if any(r.accepted_sources is not None for r in rounds):
         columns["accepted_sources"] = [r.accepted_sources for r in rounds]
+    if any(r.batch_round is not None for r in rounds):
+        columns["batch_round"] = [r.batch_round for r in rounds]
     return columns
 
 
@@ -273,9 +275,12 @@ class LoopRunner:
                            stop_reason=result.stop_reason, rounds=_round_columns(result.rounds))
 
 
-    def run_batch(self, prompts: list[list[int]], *, max_new_tokens: int, seed: int) -> list[Measurement]:
-        """The prompts decoded together (`generate_batch`); one measurement per prompt, decode_s its latency."""
+    def run_batch(self, prompts: list[list[int]], *, max_new_tokens: int, seed: int,
+                  max_batch: int | None = None) -> list[Measurement]:
+        """The prompts decoded together (`generate_batch`, at most `max_batch` at once: continuous batching);
+        one measurement per prompt, decode_s its latency."""
         results = generate_batch(self.target, self.drafter, prompts, max_new_tokens=max_new_tokens,
+                                 max_batch=max_batch,
                                  temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                                  top_k=self.sampling.top_k, seed=seed,
                                  num_proposals=None if self.block_size is None else self.block_size - 1,
