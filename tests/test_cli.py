@@ -133,6 +133,11 @@ def test_generate_batch_file_equals_one_prompt_at_a_time(model_folder, tmp_path,
     for row, text in zip(rows, texts):
         assert main(["generate", *common, "--prompt", text]) == 0
         assert json.loads(capsys.readouterr().out)["tokens"] == row["tokens"]
+    # Two slots for three prompts: the third joins when one finishes, and every row is unchanged.
+    assert main(["generate", *common, "--batch-file", str(batch_file), "--max-batch", "2"]) == 0
+    pooled = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [row["tokens"] for row in pooled] == [row["tokens"] for row in rows]
+    assert main(["generate", *common, "--batch-file", str(batch_file), "--max-batch", "0"]) == 2
 
 
 def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):

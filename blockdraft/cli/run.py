@@ -113,7 +113,8 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
     prompts = [encode_prompt(target, text, args.chat) for _, text in rows]
     results = generate_batch(target, drafter, prompts, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                             draft_argmax=args.draft_argmax, num_proposals=args.num_proposals)
+                             draft_argmax=args.draft_argmax, num_proposals=args.num_proposals,
+                             max_batch=args.max_batch)
     for (row_id, _), result in zip(rows, results):
         text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
         if args.json:
@@ -133,6 +134,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if (args.prompt is None) == (args.batch_file is None):
         raise ConfigError("give the text to continue: --prompt TEXT, or --batch-file PROMPTS.jsonl for several")
+    if args.max_batch is not None and args.batch_file is None:
+        raise ConfigError("--max-batch goes with --batch-file (it caps how many of its prompts decode at once)")
     if args.batch_file is not None:
         return cmd_generate_batch(args)
     if not args.prompt:
@@ -190,6 +193,9 @@ def add_generate(sub) -> None:
     p.add_argument("--batch-file", default=None, metavar="PROMPTS.jsonl",
                    help="decode several prompts together, one {\"prompt\": TEXT} per line (plain, --draft-model or "
                         "--drafter; one target pass verifies every row)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="N",
+                   help="with --batch-file: at most N rows decode at once, the next prompt joins a finished row's "
+                        "slot (default: all prompts together)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
