@@ -109,6 +109,15 @@ def write_chat_jsonl(path, count: int, *, user_words: int, assistant_words: int,
             handle.write(json.dumps(row) + "\n")
 
 
+def tiny_training_setup(root):
+    """A tiny chat target and 12 random-word conversations under `root`: (root, target folder)."""
+    from chat_fixtures import save_tiny_chat_model
+
+    model = save_tiny_chat_model(root / "target", hidden_size=32, num_layers=4)
+    write_chat_jsonl(root / "data.jsonl", 12, user_words=6, assistant_words=30, vocab=60, seed=0)
+    return root, model
+
+
 # Module-scoped fixtures shared by the decoding tests (import them by name into a test module).
 @pytest.fixture(scope="module")
 def targets():

@@ -11,12 +11,11 @@ from safetensors.torch import load_file
 
 from blockdraft import losses
 from blockdraft.config import ConfigError
-from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.checkpoint import TrainingError
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train
 
-from helpers import write_chat_jsonl
+from helpers import tiny_training_setup
 
 OBJECTIVES = ["uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuation", "dpace_target", "accept_rate",
               "topk_mask", "dpakl", "l2r", "auf", "auf_decay"]
@@ -24,10 +23,7 @@ OBJECTIVES = ["uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuati
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    model = save_tiny_chat_model(root / "target", hidden_size=32, num_layers=4)
-    write_chat_jsonl(root / "data.jsonl", 12, user_words=6, assistant_words=30, vocab=60, seed=0)
-    return root, model
+    return tiny_training_setup(tmp_path_factory.mktemp("train"))
 
 
 def make_config(setup, out, **changes):

@@ -13,16 +13,13 @@ from blockdraft.train import features as F
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train
 
-from helpers import write_chat_jsonl
+from helpers import tiny_training_setup
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("distill")
-    model = save_tiny_chat_model(root / "target", hidden_size=32, num_layers=4)
     # Existing text the target did not write (random words), as ShareGPT answers are to a real target.
-    write_chat_jsonl(root / "data.jsonl", 12, user_words=6, assistant_words=30, vocab=60, seed=0)
-    return root, model
+    return tiny_training_setup(tmp_path_factory.mktemp("distill"))
 
 
 def make_config(setup, out, **changes):
