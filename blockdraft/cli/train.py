@@ -26,7 +26,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target, dtype="fp32")
     drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
-                           mask_token_id=args.mask_token_id, seed=args.seed)
+                           mask_token_id=args.mask_token_id, intermediate_size=args.intermediate_size, seed=args.seed)
     save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out,
                  overwrite=args.overwrite)
     cfg = drafter.config
@@ -180,6 +180,8 @@ def add_init_drafter(sub) -> None:
     p.add_argument("--target", required=True)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--intermediate-size", type=int, default=None,
+                   help="the drafter's MLP width (default: the target's); narrower = a smaller file")
     p.add_argument("--target-layer-ids", default=None,
                    help="comma-separated; default: DFlash's spacing over layers 1..N-3")
     p.add_argument("--mask-token-id", type=int, default=None)

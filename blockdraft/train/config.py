@@ -26,6 +26,9 @@ class TrainConfig:
     # the drafter
     drafter_init: str | None = None  # start from this drafter checkpoint instead of a fresh one
     num_layers: int = 1
+    # the drafter's MLP width; None = the target's (DFlash's default). A narrower MLP makes a smaller file
+    # (about 3 x hidden x width parameters per layer), e.g. to ship a drafter under a size limit
+    intermediate_size: int | None = None
     block_size: int = 16
     target_layer_ids: tuple[int, ...] | None = None  # None = DFlash's default spacing
     init_from_target: bool = False  # copy the target layers after the feature layers into the drafter
@@ -112,6 +115,8 @@ class TrainConfig:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            raise ConfigError(f"intermediate_size must be >= 1 (or null for the target's), got {self.intermediate_size}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
         if self.train_conversations is not None and int(self.train_conversations) < 1:
@@ -236,7 +241,7 @@ class TrainConfig:
         free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
                 "eval_anchors", "out_dir", "data", "feature_cache"}
         # Fields added after runs were already saved are left out at their defaults, so those runs resume.
-        later = {"labels": "regenerated", "objective_terms": None, "cache_topk": None}
+        later = {"labels": "regenerated", "objective_terms": None, "cache_topk": None, "intermediate_size": None}
         return {k: v for k, v in self.to_dict().items() if k not in free and not (k in later and v == later[k])}
 
 

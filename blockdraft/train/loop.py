@@ -221,7 +221,7 @@ def _new_drafter(config: TrainConfig, target: Target, data: TrainingData, dist_i
             print(f"draft vocabulary: {config.draft_vocab_size} of {target.vocab_size} tokens covers "
                   f"{coverage(training, draft_vocab):.1%} of the supervised training tokens{held}", flush=True)
     return init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
-                        target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
+                        intermediate_size=config.intermediate_size, target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
                         from_target_layers=config.init_from_target)
 
 
