@@ -248,7 +248,8 @@ def test_tree_lookup_and_hybrid_methods(assets, tmp_path):
     drafter = assets / "dflash"
     methods = ["ar", f"dflash:{drafter},tree=6", f"dflash:{drafter},tree=measured", "lookup", "lookup,tree=8",
                f"lookup:{corpus},tree=8,branches=3,ngram=2,tokens=3",
-               f"hybrid:lookup+small-ar={assets / 'target'}+dflash={drafter},tree=8"]
+               f"hybrid:lookup+small-ar={assets / 'target'}+dflash={drafter},tree=8",
+               f"hybrid:lookup+small-ar={assets / 'target'},mode=fallback,min_ngram=2"]
     out = tmp_path / "run"
     assert main(bench_args(assets, out, methods=methods, n="2", tokens="16")) == 0
     results = json.loads((out / "results.json").read_text())
@@ -257,6 +258,8 @@ def test_tree_lookup_and_hybrid_methods(assets, tmp_path):
     assert info[methods[1]]["options"]["tree"] == "6" and info[methods[1]]["tree"] == 6
     assert info[methods[5]]["corpus"] == str(corpus) and info[methods[5]]["branches"] == 3
     assert [s["kind"] for s in info[methods[6]]["sources"]] == ["lookup", "small-ar", "dflash"]
+    assert info[methods[6]]["mode"] == "merge" and (info[methods[7]]["mode"], info[methods[7]]["min_ngram"]) == \
+        ("fallback", 2)
     by_method = {run[0]: M.flat(units) for run, units in M.units_by_run(results).items()}
     dflash_rounds = [r["rounds"] for r in by_method[methods[1]]]
     assert any(p is not None for rounds in dflash_rounds for p in rounds["draft_parents"])
@@ -273,7 +276,8 @@ def test_tree_lookup_and_hybrid_methods(assets, tmp_path):
 @pytest.mark.parametrize("bad, message", [
     ("dflash:D,tree=0", "tree budget"), ("dflash:D,tree=many", "tree budget"), ("lookup,branches=0", "positive"),
     ("lookup,depth=3", "not one of"), ("hybrid:lookup", "at least two"), ("hybrid:lookup+ngram", "not one of"),
-    ("hybrid:lookup+lookup", "once"), ("hybrid", "needs its sources"), ("hybrid:lookup+dflash", "not one of")])
+    ("hybrid:lookup+lookup", "once"), ("hybrid", "needs its sources"), ("hybrid:lookup+dflash", "not one of"),
+    ("hybrid:lookup+small-ar,mode=both", "merge or fallback"), ("lookup,min_ngram=0", "positive")])
 def test_bad_tree_method_spellings_are_refused(bad, message):
     from blockdraft.eval.methods import parse_method
 

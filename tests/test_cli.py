@@ -70,7 +70,8 @@ def test_generate_with_trees_lookup_and_hybrids_is_lossless(model_folder, tmp_pa
     runs = {"plain": [], "tree": ["--drafter", str(drafter_dir), "--tree", "6"],
             "measured": ["--drafter", str(drafter_dir), "--tree", "measured"], "lookup": ["--lookup"],
             "lookup_tree": ["--lookup", "--lookup-corpus", str(corpus), "--tree", "8"],
-            "hybrid": ["--lookup", "--draft-model", str(model_folder), "--drafter", str(drafter_dir), "--tree", "10"]}
+            "hybrid": ["--lookup", "--draft-model", str(model_folder), "--drafter", str(drafter_dir), "--tree", "10"],
+            "fallback": ["--lookup", "--lookup-min-ngram", "2", "--draft-model", str(model_folder), "--fallback"]}
     outputs = {}
     for name, extra in runs.items():
         assert main(common + extra) == 0, name
@@ -79,9 +80,13 @@ def test_generate_with_trees_lookup_and_hybrids_is_lossless(model_folder, tmp_pa
         assert outputs[name]["tokens"] == outputs["plain"]["tokens"], name
     assert any(r["draft_parents"] for r in outputs["tree"]["rounds"])
     assert any(r["accepted_sources"] for r in outputs["hybrid"]["rounds"])
+    used = {joined for r in outputs["fallback"]["rounds"] for joined in r["accepted_sources"]}
+    assert "small-ar" in used and used <= {"lookup", "small-ar"}, used  # one source per round, never merged
     for bad, message in ((["--tree", "0", "--lookup"], "tree budget"),
                          (["--drafter", str(drafter_dir), "--lookup"], "--tree"),
                          (["--tree", "4"], "needs a drafter"),
+                         (["--lookup", "--fallback"], "two or more"),
+                         (["--lookup", "--lookup-min-ngram", "0"], "n-gram sizes"),
                          (["--lookup", "--lookup-corpus", str(tmp_path / "none.jsonl")], "does not exist")):
         assert _exit_code(common + bad) == 2, bad
         assert message in capsys.readouterr().err, bad

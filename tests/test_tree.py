@@ -238,7 +238,9 @@ def test_lookup_and_hybrid_are_lossless(targets, trained, arch):
         expected = plain(target, prompt, 40)
         drafters = [LookupDrafter(6), LookupDrafter(6, max_branches=4),
                     TreeDrafter([LookupDrafter(6, max_branches=4), small, trained[arch]], 24,
-                                labels=["lookup", "small-ar", "dflash"])]
+                                labels=["lookup", "small-ar", "dflash"]),
+                    TreeDrafter([LookupDrafter(6, min_ngram=2, max_branches=4), small], 24,
+                                labels=["lookup", "small-ar"], fallback=True)]
         for drafter in drafters:
             assert blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=()).tokens == expected
 
@@ -252,6 +254,38 @@ def test_hybrid_records_the_sources_of_accepted_tokens(targets, trained):
             assert len(record.accepted_sources) == min(record.accepted, record.emitted)
             names.update(n for joined in record.accepted_sources for n in joined.split("+"))
     assert names and names <= {"lookup", "dflash"}
+
+
+class _Counting:
+    """A source that proposes `tokens` (or nothing) and counts how often it was asked."""
+    target_layer_ids, max_proposals = (), 4
+
+    def __init__(self, tokens):
+        self.tokens, self.asked = tokens, 0
+
+    def reset(self, prompt_ids, prompt_features):
+        pass
+
+    def commit(self, length, features):
+        pass
+
+    def propose(self, ids, num_proposals, sampling, generator):
+        self.asked += 1
+        return Proposal(tokens=torch.tensor(self.tokens[:num_proposals], dtype=torch.long))
+
+
+def test_fallback_hybrid_asks_later_sources_only_when_earlier_ones_propose_nothing():
+    ids = torch.tensor([[1, 2, 3]])
+    first, second = _Counting([]), _Counting([7, 8])
+    fallback = TreeDrafter([first, second], 8, labels=["a", "b"], fallback=True)
+    proposal = fallback.propose(ids, 4, SamplingConfig(), None)
+    assert proposal.tokens.tolist() == [7, 8] and (first.asked, second.asked) == (1, 1)
+    first.tokens = [5]
+    proposal = fallback.propose(ids, 4, SamplingConfig(), None)
+    assert proposal.tokens.tolist() == [5] and (first.asked, second.asked) == (2, 1)
+    assert proposal.sources == [0b01]  # a bitmask over the sources: "a" alone
+    merged = TreeDrafter([first, second], 8, labels=["a", "b"]).propose(ids, 4, SamplingConfig(), None)
+    assert sorted(merged.tokens.tolist()) == [5, 7, 8] and second.asked == 2
 
 
 def test_lookup_finds_the_most_recent_continuations_and_the_corpus(tmp_path):
@@ -276,10 +310,13 @@ def _sampling_tree_drafters(target):
     return {"dflash_tree": TreeDrafter(dflash, 6),
             "lookup_tree": TreeDrafter(LookupDrafter(2, max_branches=3), 6),
             "hybrid": TreeDrafter([LookupDrafter(2, max_branches=3), init_drafter(target, num_layers=1, block_size=3)],
-                                  6, labels=["lookup", "dflash"])}
+                                  6, labels=["lookup", "dflash"]),
+            "fallback": TreeDrafter([LookupDrafter(2, min_ngram=2, max_branches=3),
+                                     init_drafter(target, num_layers=1, block_size=3)], 6,
+                                    labels=["lookup", "dflash"], fallback=True)}
 
 
-@pytest.mark.parametrize("case", ["dflash_tree", "lookup_tree", "hybrid"])
+@pytest.mark.parametrize("case", ["dflash_tree", "lookup_tree", "hybrid", "fallback"])
 def test_tree_sampling_matches_target_distribution(case, monkeypatch):
     import test_decode_sampling
 

@@ -26,7 +26,9 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
 
         corpus = CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer) if args.lookup_corpus else None
         branches = args.lookup_branches or (4 if tree is not None else 1)
-        sources.append(LookupDrafter(args.num_proposals or 10, max_branches=branches, corpus=corpus))
+        sources.append(LookupDrafter(args.num_proposals or 10, min_ngram=getattr(args, "lookup_min_ngram", 1),
+                                     max_ngram=max(3, getattr(args, "lookup_min_ngram", 1)), max_branches=branches,
+                                     corpus=corpus))
         labels.append("lookup")
     if args.draft_model:
         sources.append(SmallARDrafter(args.draft_model, target, num_proposals=args.num_proposals or 4))
@@ -34,15 +36,20 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
     if args.drafter:
         sources.append(load_drafter(args.drafter, target))
         labels.append("dflash")
-    if len(sources) > 1 and tree is None:
+    fallback = getattr(args, "fallback", False)
+    if fallback and len(sources) < 2:
+        raise ConfigError("--fallback picks, each round, the first of several drafters that proposes anything: "
+                          "give two or more of --lookup, --draft-model, --drafter")
+    if len(sources) > 1 and tree is None and not fallback:
         raise ConfigError(f"several drafters ({', '.join(labels)}) are merged into one draft tree: add --tree N or "
-                          "--tree measured, or pass one of them")
-    if tree is not None:
+                          "--tree measured (or --fallback to use the first that proposes), or pass one of them")
+    if tree is not None or fallback:
         from ..drafters.tree import TreeDrafter
 
         if not sources:
             raise ConfigError("--tree needs a drafter: --drafter, --draft-model and/or --lookup")
-        return target, TreeDrafter(sources, tree, labels=labels, target=target)
+        return target, TreeDrafter(sources, 32 if tree is None else tree, labels=labels, target=target,
+                                   fallback=fallback)
     return target, (sources[0] if sources else None)
 
 
@@ -214,6 +221,12 @@ def add_generate(sub) -> None:
                    help="also look n-grams up in this JSONL corpus (rows with text, conversations or token_ids)")
     p.add_argument("--lookup-branches", type=int, default=None,
                    help="distinct lookup continuations per round (default 1, or 4 with --tree)")
+    p.add_argument("--lookup-min-ngram", type=int, default=1, metavar="N",
+                   help="shortest n-gram lookup matches (default 1); with --fallback, 2 leaves the rounds where only "
+                        "a single token repeats to the next drafter")
+    p.add_argument("--fallback", action="store_true",
+                   help="with several drafters: each round use the first (lookup, small-AR, DFlash) that proposes "
+                        "anything instead of merging them into one tree (tree budget 32 unless --tree)")
     p.set_defaults(func=cmd_generate)
 
 

@@ -11,6 +11,11 @@ proposals are merged into one tree (shared prefixes merged, each node rememberin
 Sources are asked for argmax drafts: the tree walk needs no draft distribution, and a tree that
 collapses to one chain is then verified by the chain rule with a one-hot q, which is exact too.
 
+`fallback=True` asks the sources in order instead and uses only the first that proposes anything
+that round (lookup when the text repeats, else a small AR model): the later sources cost nothing in
+rounds the earlier ones cover. The merged tree has the highest tau; the fallback is faster where one
+source's drafting costs a sizeable share of a target pass (a small AR model on a CPU).
+
 `keep_chain=True` puts the drafter's argmax chain into the tree first and fills the rest best-first,
 so a greedy round accepts at least as deep as the chain would; on tiny trained drafters it gave the
 same tau as plain DDTree (within noise), so DDTree's own order is the default.
@@ -78,7 +83,7 @@ class TreeDrafter:
     def __init__(self, sources: Drafter | Sequence[Drafter], budget: int | str = 32, *,
                  labels: Sequence[str] | None = None, target: Target | None = None,
                  verify_cost: dict[int, float] | Callable[[int], float] | None = None,
-                 max_nodes: int = MEASURED_MAX_NODES, keep_chain: bool = False):
+                 max_nodes: int = MEASURED_MAX_NODES, keep_chain: bool = False, fallback: bool = False):
         sources = [sources] if not isinstance(sources, (list, tuple)) else list(sources)
         if not sources:
             raise ConfigError("a tree drafter needs at least one source drafter")
@@ -106,6 +111,7 @@ class TreeDrafter:
             self.verify_cost = _interpolated(verify_cost)
         self.max_nodes = max_nodes
         self.keep_chain = keep_chain
+        self.fallback = fallback
         self.last_budget: int | None = None  # nodes the last round was allowed (the chosen m when measured)
 
     def _features_for(self, source: Drafter, features: torch.Tensor | None) -> torch.Tensor | None:
@@ -122,8 +128,11 @@ class TreeDrafter:
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         started = time.perf_counter()
-        proposals = [source.propose(ids, min(num_proposals, source.max_proposals), _ARGMAX, generator)
-                     for source in self.sources]
+        proposals = []
+        for source in self.sources:
+            proposals.append(source.propose(ids, min(num_proposals, source.max_proposals), _ARGMAX, generator))
+            if self.fallback and _proposes(proposals[-1]):
+                break  # the later sources are not asked this round
         draft_s = time.perf_counter() - started
         budget = self.max_nodes if self.budget == "measured" else self.budget
         builder = TreeBuilder(budget)
@@ -185,6 +194,12 @@ class TreeDrafter:
         return (torch.tensor(order_tokens[:room], dtype=torch.long, device=device),
                 torch.tensor(order_parents[:room], dtype=torch.long, device=device),
                 torch.tensor(order_scores[:room], dtype=torch.float32, device=device))
+
+
+def _proposes(proposal: Proposal) -> bool:
+    if proposal.slot_marginals and proposal.logits is not None:
+        return proposal.logits.shape[0] > 0
+    return proposal.tokens.numel() > 0
 
 
 def _interpolated(curve: dict[int, float] | Callable[[int], float]) -> Callable[[int], float]:

@@ -15,14 +15,16 @@ Spec strings (`blockdraft bench --method ...`):
   confidence sweep);
   `tree=N|measured` verifies a DDTree of at most N nodes built from the drafter's slot marginals
   (`measured`: each round's node count from verify passes timed on this machine at load);
-- `lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,tokens=T]`: n-gram lookup over the
-  prompt and the output (and the corpus, when named); `branches` distinct continuations (default 1
-  for a chain, 4 with `tree`), n-grams of `ngram` down to 1 tokens (default 3), `tokens` per
-  continuation (default 10);
-- `hybrid:SOURCE+SOURCE...[,tree=N|measured]`: one tree per round from several drafters, SOURCE
-  one of `lookup`, `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`, `dflash=PATH`
-  (default tree 32 nodes; lookup takes 4 branches; DFlash fills the budget left by the sources
-  before it); the rounds record which source proposed each accepted token;
+- `lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,min_ngram=M,tokens=T]`: n-gram lookup
+  over the prompt and the output (and the corpus, when named); `branches` distinct continuations
+  (default 1 for a chain, 4 with `tree`), n-grams of `ngram` down to `min_ngram` tokens (default 3
+  down to 1), `tokens` per continuation (default 10);
+- `hybrid:SOURCE+SOURCE...[,tree=N|measured,mode=merge|fallback,min_ngram=M]`: several drafters,
+  SOURCE one of `lookup`, `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`, `dflash=PATH`
+  (default tree 32 nodes; lookup takes 4 branches and n-grams down to `min_ngram`, default 1).
+  `mode=merge` (default) merges every source's proposal into one tree per round (DFlash fills the
+  budget left by the sources before it); `mode=fallback` uses the first source, in the order given,
+  that proposes anything that round. The rounds record which source proposed each accepted token;
 - `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
   defaults (20 candidates, constant schedule, confidence stop 0.4), same default draft;
 - `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10).
@@ -65,8 +67,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
 SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured,"
-             "tree=N|measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,tokens=T], "
-             "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+             "tree=N|measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,min_ngram=M,tokens=T], "
+             "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured,mode=merge|fallback,min_ngram=M], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
 DEFAULT_HYBRID_TREE = 32
 DEFAULT_TREE_BRANCHES = 4
 
@@ -91,8 +93,8 @@ class MethodSpec:
 
 DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": None, "cost": ("measured",),
                   "tree": None}
-LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "tokens": None}
-HYBRID_OPTIONS = {"tree": None}
+LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "min_ngram": None, "tokens": None}
+HYBRID_OPTIONS = {"tree": None, "mode": ("merge", "fallback"), "min_ngram": None}
 
 
 def _options(kind: str, arg: str, known: dict[str, tuple[str, ...] | None]) -> tuple[str, dict[str, str]]:
@@ -116,7 +118,7 @@ def _options(kind: str, arg: str, known: dict[str, tuple[str, ...] | None]) -> t
                 raise ConfigError(f"{kind} option threshold must be a number in [0, 1], got {value!r}")
         if key == "tree":
             tree_budget(value)
-        if key in ("branches", "ngram", "tokens") and not (value.isdigit() and int(value) >= 1):
+        if key in ("branches", "ngram", "min_ngram", "tokens") and not (value.isdigit() and int(value) >= 1):
             raise ConfigError(f"{kind} option {key} takes a positive integer, got {value!r}")
         if key in options:
             raise ConfigError(f"{kind} option {key} is given twice in {arg!r}")
@@ -353,10 +355,10 @@ class HFRunner:
 
 
 def _lookup(target: Target, corpus: str | None, options: dict[str, str], tree: bool) -> LookupDrafter:
-    max_ngram = int(options.get("ngram", 3))
-    index = CorpusIndex.from_jsonl(corpus, target.tokenizer, max_ngram=max_ngram) if corpus else None
+    max_ngram, min_ngram = int(options.get("ngram", 3)), int(options.get("min_ngram", 1))
+    index = CorpusIndex.from_jsonl(corpus, target.tokenizer, min_ngram=min_ngram, max_ngram=max_ngram) if corpus else None
     branches = int(options.get("branches", DEFAULT_TREE_BRANCHES if tree else 1))
-    return LookupDrafter(int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)), max_ngram=max_ngram,
+    return LookupDrafter(int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)), min_ngram=min_ngram, max_ngram=max_ngram,
                          max_branches=branches, corpus=index)
 
 
@@ -413,7 +415,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             tree = tree_budget(options.get("tree"))
             drafter = _lookup(target, corpus or None, options, tree is not None)
             info[spec.name] = {"kind": "lookup", "corpus": corpus or None, "tree": tree,
-                               "branches": drafter.max_branches, "max_ngram": drafter.max_ngram,
+                               "branches": drafter.max_branches, "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram,
                                "tokens": drafter.max_proposals}
             if tree is not None:
                 drafter = TreeDrafter(drafter, tree, labels=["lookup"], target=target)
@@ -424,7 +426,8 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             drafters, labels = [], []
             for kind, value in sources:
                 if kind == "lookup":
-                    drafters.append(_lookup(target, value, {}, True))
+                    drafters.append(_lookup(target, value, {k: options[k] for k in ("min_ngram",) if k in options},
+                                            True))
                 elif kind == "small-ar":
                     block = (block_sizes or (DEFAULT_SMALL_AR_BLOCK,))[0]
                     drafters.append(SmallARDrafter(draft_model(value or DEFAULT_DRAFT), target,
@@ -432,9 +435,11 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                 else:
                     drafters.append(load_drafter(value, target))
                 labels.append(kind)
-            drafter = TreeDrafter(drafters, tree, labels=labels, target=target)
+            fallback = options.get("mode", "merge") == "fallback"
+            drafter = TreeDrafter(drafters, tree, labels=labels, target=target, fallback=fallback)
             info[spec.name] = {"kind": "hybrid", "sources": [{"kind": k, "arg": v} for k, v in sources],
-                               "tree": tree}
+                               "tree": tree, "mode": options.get("mode", "merge"),
+                               "min_ngram": int(options.get("min_ngram", 1))}
             runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q))
         elif spec.kind == "hf-assisted":
             assistant = draft_model(spec.arg)
