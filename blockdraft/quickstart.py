@@ -65,6 +65,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .checkpoints import load_drafter_model, save_drafter
     from .data.regen import regen, training_prompts
     from .eval.bench import BenchConfig, run_bench
+    from .shipped import SHIPPED
     from .target import native_bf16
     from .train.checkpoint import latest_checkpoint
     from .train.config import TrainConfig
@@ -135,8 +136,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
            f"{SHARES['bench'] * left / 60:.1f} min)", started)
     # The trained drafter verified as a DDTree whose size follows this machine's verify-cost curve, and
     # the training-free hybrid (lookup + small AR + that drafter, one tree per round), beside the peers.
-    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},tree=measured",
-               f"hybrid:lookup+small-ar={draft_model}+dflash={drafter_dir},tree=32", f"hf-assisted:{draft_model}",
+    # A drafter shipped with the package for this target runs beside the one trained here.
+    shipped = [f"dflash:{d.name},tree=measured" for d in SHIPPED.values() if d.target == target]
+    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},tree=measured", *shipped,
+               f"hybrid:lookup+small-ar={draft_model}+dflash={drafter_dir},tree=32",
+               f"hybrid:lookup+small-ar={draft_model},mode=fallback", f"hf-assisted:{draft_model}",
                "hf-prompt-lookup")
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
                         max_new_tokens=bench_tokens, dtype="bf16", threads=threads)

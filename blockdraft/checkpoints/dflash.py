@@ -115,9 +115,11 @@ def zero_missing_o_proj_bias(model: DFlashDraftModel, state: Mapping[str, torch.
 
 def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
                        device: str | torch.device | None = None) -> DFlashDraftModel:
-    folder = Path(path)
+    from ..shipped import resolve_drafter, shipped_names
+
+    folder = resolve_drafter(path)
     if not folder.is_dir():
-        raise ConfigError(f"drafter folder {folder} does not exist")
+        raise ConfigError(f"drafter folder {folder} does not exist (shipped drafters by name: {shipped_names()})")
     config = DFlashConfig.load(folder / CONFIG_NAME)
     weights = folder / WEIGHTS_NAME
     if not weights.exists():

@@ -28,7 +28,10 @@ def load_drafter(path: str | Path, target: Target | str) -> Drafter:
 
     When config.json describes heads (slot heads, a confidence head), they are composed onto the backbone.
     """
+    from ..shipped import resolve_drafter
+
     target = load_target(target)
+    path = resolve_drafter(path)
     model = load_drafter_model(path, dtype=target.dtype, device=target.device)
     drafter = DFlashDrafter(model, target)
     if model.config.extra.get("heads"):

@@ -25,6 +25,13 @@ def cmd_assets_list(args: argparse.Namespace) -> int:
         size = _human_bytes(fetched_bytes(status.name)) if status.ready else ""
         print(f"{'ready' if status.ready else 'missing':7s} {status.kind:7s} {status.name:28s} {size:>9s}  "
               f"{status.description}  [{status.licence}]")
+    from ..shipped import SHIPPED
+
+    for drafter in SHIPPED.values():  # committed with the package: nothing to fetch
+        weights = drafter.path / "model.safetensors"
+        size = _human_bytes(weights.stat().st_size) if weights.is_file() else ""
+        print(f"{'shipped' if size else 'missing':7s} drafter {drafter.name:28s} {size:>9s}  {drafter.description} "
+              f"(for {drafter.target})")
     return 0
 
 
@@ -42,8 +49,9 @@ def cmd_assets_fetch(args: argparse.Namespace) -> int:
 
 def cmd_assets_path(args: argparse.Namespace) -> int:
     from ..assets import path
+    from ..shipped import SHIPPED, resolve_drafter
 
-    print(path(args.name))
+    print(resolve_drafter(args.name) if args.name in SHIPPED else path(args.name))
     return 0
 
 
