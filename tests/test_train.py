@@ -213,6 +213,14 @@ def test_reduced_draft_vocabulary_training(setup, tmp_path, capsys):
     train(make_config(setup, tmp_path / "rv_dpakl", max_steps=2, draft_vocab_size=40, objective="dpakl"))
 
 
+def test_a_narrower_mlp_trains_and_is_saved(setup, tmp_path):
+    final = train(make_config(setup, tmp_path / "narrow", max_steps=2, intermediate_size=24))
+    assert json.loads((final / "config.json").read_text())["intermediate_size"] == 24
+    assert weights(final)["layers.0.mlp.up_proj.weight"].shape[0] == 24
+    with pytest.raises(ConfigError, match="intermediate_size must be >= 1"):
+        make_config(setup, tmp_path, intermediate_size=0)
+
+
 def test_shipped_recipes_are_valid_configs():
     from pathlib import Path
 
