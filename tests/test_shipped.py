@@ -42,6 +42,8 @@ def test_a_shipped_name_resolves_everywhere_a_drafter_folder_does(tmp_path, monk
     assert by_name.tokens == by_folder.tokens and by_name.tau == by_folder.tau
     assert main(["assets", "path", "tiny-dflash"]) == 0 and capsys.readouterr().out.strip() == str(folder)
     assert main(["assets", "list"]) == 0 and "tiny-dflash" in capsys.readouterr().out
+    assert main(["export", "tiny-dflash", "--for", "zlab", "--out", str(tmp_path / "exported")]) == 0
+    assert load_drafter_model(tmp_path / "exported").config.block_size == 4
     (folder / "model.safetensors").unlink()
     with pytest.raises(ConfigError, match="missing from this installation"):
         load_drafter("tiny-dflash", target)

@@ -63,8 +63,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..files import check_out_dir
     from ..target import load_target, resolve_model_path
 
+    from ..shipped import resolve_drafter, shipped_names
+
+    args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
     if not Path(args.drafter).is_dir():
-        raise ConfigError(f"drafter folder {args.drafter} does not exist")
+        raise ConfigError(f"drafter folder {args.drafter} does not exist (shipped drafters by name: {shipped_names()})")
     check_out_dir(args.out, "drafter", overwrite=args.overwrite,
                   protect=[args.drafter, resolve_model_path(args.target) if args.target else None])
     target = load_target(args.target) if args.target else None  # its stored dtype: the tables it lends stay exact
@@ -110,7 +113,10 @@ def _load_for_heads(args: argparse.Namespace):
     from ..checkpoints import load_drafter
     from ..target import load_target
 
+    from ..shipped import resolve_drafter
+
     set_threads(args.threads)
+    args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
     target = load_target(args.target, dtype=args.dtype, device=args.device)
     return target, load_drafter(args.drafter, target)
 
