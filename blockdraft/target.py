@@ -177,6 +177,7 @@ class Target:
         Layer id `l` is the output of decoder layer `l` = `hidden_states[l + 1]` (index 0 is the
         embeddings). `logits_to_keep=0` keeps logits for every position.
         """
+        input_ids = input_ids.to(self.device)  # a no-op where they already are
         n = input_ids.shape[1]
         positions = torch.arange(start, start + n, device=input_ids.device)[None]  # (1, n)
         out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
@@ -204,6 +205,7 @@ class Target:
         another row's longer past and are masked out). The new tokens land in the cache's next n slots
         and see each other causally; `pack_rows` then moves what a row keeps next to its past.
         """
+        input_ids, starts = input_ids.to(self.device), starts.to(self.device)
         rows, n = input_ids.shape
         device = input_ids.device
         past = cache.get_seq_length()
@@ -254,6 +256,7 @@ class Target:
         logits are those a chain through that node would give. Afterwards the cache holds all n+1
         rows; `keep_tree_path` reduces it to the accepted path.
         """
+        input_ids = input_ids.to(self.device)
         n = parents.shape[0]
         node_depths = torch.tensor([0] + tree.depths(parents), device=input_ids.device)
         positions = (start + node_depths)[None]  # (1, n+1)
@@ -309,7 +312,7 @@ class Target:
     def features(self, input_ids: torch.Tensor, layer_ids: Sequence[int], *,
                  with_logits: bool = False) -> TargetOutput:
         """Whole-sequence features for training: no cache; logits only when asked (they cost S x V)."""
-        out = self.model(input_ids=input_ids, use_cache=False, output_hidden_states=True,
+        out = self.model(input_ids=input_ids.to(self.device), use_cache=False, output_hidden_states=True,
                          logits_to_keep=0 if with_logits else 1)
         features = torch.cat([out.hidden_states[layer + 1] for layer in layer_ids], dim=-1)  # (1, S, L*H)
         return TargetOutput(logits=out.logits.float() if with_logits else None, features=features)

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import blockdraft
 from blockdraft.checkpoints import init_drafter
-from blockdraft.tiny import tiny_target
+from blockdraft.tiny import tiny_target as _tiny_target
 from blockdraft.train.quick import quick_fit
+
+# `BLOCKDRAFT_TEST_DEVICE=cuda pytest ...` puts every tiny target of these helpers (and so the drafters built for
+# it) on that device: the accelerator path of the decoding and training tests. Unset, all stays on the CPU.
+TEST_DEVICE = os.environ.get("BLOCKDRAFT_TEST_DEVICE", "cpu")
+
+
+def tiny_target(arch: str = "qwen3", **kwargs):
+    """`blockdraft.tiny.tiny_target` on the test device (same weights whatever the device)."""
+    target = _tiny_target(arch, **kwargs)
+    if TEST_DEVICE != "cpu":
+        target.model.to(TEST_DEVICE)
+    return target
 
 
 def prompts(count: int, *, length: int = 10, vocab: int = 200, seed: int = 0) -> list[torch.Tensor]:

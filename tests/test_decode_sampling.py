@@ -32,7 +32,7 @@ def exact_joint(target, sampling, prompt=None):
     """P(t1, t2, t3) under plain target sampling, by enumerating every prefix in one batch."""
     prompt = PROMPT if prompt is None else prompt  # read at call time: test_tree.py monkeypatches PROMPT
     prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW - 1)))  # (V^2, 2)
-    batch = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1)
+    batch = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1).to(target.device)
     with torch.no_grad():
         logits = target.model(batch).logits.float()  # (V^2, n + 2, V)
     n = prompt.shape[1]

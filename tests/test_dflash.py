@@ -82,7 +82,7 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path):
     assert len(keys) == 2 * 11 + 3
     assert not any(k.startswith(("embed", "lm_head", "model.")) for k in keys), "target weights must not be saved"
     loaded = load_drafter(tmp_path / "d", target)
-    ids = torch.randint(1, 200, (1, 12))
+    ids = torch.randint(1, 200, (1, 12)).to(target.device)
     features = target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
     logits = []
     for d in (drafter, loaded):
@@ -96,9 +96,9 @@ def test_batched_training_forward_equals_inference_path():
     torch.manual_seed(0)
     target = tiny_target("qwen3")
     drafter = init_drafter(target, num_layers=2, block_size=5)
-    seq = torch.randint(1, 200, (30,))
+    seq = torch.randint(1, 200, (30,)).to(target.device)
     full = target.forward(seq[None], 0, target.new_cache(), drafter.target_layer_ids).features  # (1, S, F)
-    anchors = torch.tensor([3, 4, 11, 20, 28])
+    anchors = torch.tensor([3, 4, 11, 20, 28], device=target.device)
     blocks = build_blocks(seq, torch.ones_like(seq), anchors, 5, drafter.config.mask_token_id)
     with torch.no_grad():
         batched = draft_logits_for_blocks(drafter, full, blocks)  # (n, B-1, V)
@@ -114,7 +114,7 @@ def test_batched_training_forward_equals_inference_path():
 def test_drafter_cache_extends_incrementally_like_a_fresh_context():
     target = tiny_target("llama")
     drafter = init_drafter(target, num_layers=2, block_size=4)
-    seq = torch.randint(1, 200, (1, 25))
+    seq = torch.randint(1, 200, (1, 25)).to(target.device)
     features = target.forward(seq, 0, target.new_cache(), drafter.target_layer_ids).features
     drafter.reset(seq[:, :10], features[:, :10])
     drafter.draft_block_logits(seq[:, :11], 3)
@@ -196,14 +196,14 @@ def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
     save_drafter(drafter.model, tmp_path / "d")
     assert json.loads((tmp_path / "d" / "config.json").read_text())["draft_vocab_size"] == vocab.numel()
     loaded = load_drafter(tmp_path / "d", target)
-    assert torch.equal(loaded.model.vocab_map.d2t, vocab)
-    ids = torch.randint(1, 200, (1, 12))
+    assert torch.equal(loaded.model.vocab_map.d2t.cpu(), vocab)
+    ids = torch.randint(1, 200, (1, 12)).to(target.device)
     loaded.reset(ids[:, :-1], target.forward(ids[:, :-1], 0, target.new_cache(), loaded.target_layer_ids).features)
-    proposal = loaded.propose(ids, 5, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    proposal = loaded.propose(ids, 5, SamplingConfig(temperature=1.0), torch.Generator(target.device).manual_seed(0))
     assert proposal.q_draft.shape == (5, 256)
     outside = torch.ones(256, dtype=torch.bool)
     outside[vocab] = False
-    assert (proposal.q_draft[:, outside] == 0).all() and torch.isin(proposal.tokens, vocab).all()
+    assert (proposal.q_draft.cpu()[:, outside] == 0).all() and torch.isin(proposal.tokens.cpu(), vocab).all()
     for prompt in (ids, torch.randint(1, 200, (1, 7))):
         plain = blockdraft.generate(target, None, prompt, max_new_tokens=40, stop_token_ids=())
         assert blockdraft.generate(target, loaded, prompt, max_new_tokens=40, stop_token_ids=()).tokens == plain.tokens
@@ -219,7 +219,7 @@ def test_init_from_target_layers_copies_the_next_layer(arch):
     torch.testing.assert_close(draft.mlp.down_proj.weight, source.mlp.down_proj.weight)
     if arch == "qwen2":  # Qwen2 attention has biases; the drafter follows the target
         torch.testing.assert_close(draft.self_attn.k_proj.bias, source.self_attn.k_proj.bias)
-    torch.testing.assert_close(drafter.model.fc.weight, torch.eye(64))
+    torch.testing.assert_close(drafter.model.fc.weight, torch.eye(64, device=target.device))
     torch.testing.assert_close(drafter.model.norm.weight, target.model.model.norm.weight)
     # Still a drafter: lossless decoding.
     import blockdraft

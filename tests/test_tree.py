@@ -108,9 +108,10 @@ def test_tree_round_leaves_the_cache_of_the_committed_chain(targets, arch):
     """Logits of every path row equal the chain's, and after compaction the cache holds exactly the
     committed path (Gemma 3's prompt crosses its 16-token sliding window)."""
     target = targets[arch]
-    prompt = prompts(1, length=20, seed=4)[0]
-    tokens = torch.tensor([11, 12, 13, 14, 15, 16, 17])
-    parents = torch.tensor([-1, -1, 0, 1, 2, 2, 4])  # path to node 6: 0 -> 2 -> 4 -> 6
+    device = target.device
+    prompt = prompts(1, length=20, seed=4)[0].to(device)
+    tokens = torch.tensor([11, 12, 13, 14, 15, 16, 17], device=device)
+    parents = torch.tensor([-1, -1, 0, 1, 2, 2, 4], device=device)  # path to node 6: 0 -> 2 -> 4 -> 6
     path = [0, 2, 4, 6]
     cache = target.new_cache()
     target.forward(prompt[:, :-1], 0, cache)
@@ -128,7 +129,7 @@ def test_tree_round_leaves_the_cache_of_the_committed_chain(targets, arch):
         torch.testing.assert_close(layer.keys, chain_layer.keys, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(layer.values, chain_layer.values, rtol=1e-5, atol=1e-5)
     # The next step on the compacted cache matches the next step on the chain's cache.
-    nxt = torch.tensor([[21]])
+    nxt = torch.tensor([[21]], device=device)
     after_tree = target.forward(nxt, start + 1 + len(path), cache).logits
     after_chain = target.forward(nxt, start + 1 + len(path), chain_cache).logits
     torch.testing.assert_close(after_tree, after_chain, rtol=1e-5, atol=1e-5)
@@ -162,8 +163,9 @@ def test_a_one_chain_tree_is_the_chain_path(targets, trained):
         assert tree.tokens == chain.tokens and tree.tau == chain.tau
         assert [(r.proposed, r.accepted) for r in tree.rounds] == [(r.proposed, r.accepted) for r in chain.rounds]
         assert all(r.draft_parents is None for r in tree.rounds)
-    parents = chain_parents(5)
-    ids = torch.cat([prompt[:, -1:], torch.tensor([[3, 4, 5, 6, 7]])], dim=1)
+    prompt = prompt.to(target.device)
+    parents = chain_parents(5).to(target.device)
+    ids = torch.cat([prompt[:, -1:], torch.tensor([[3, 4, 5, 6, 7]], device=target.device)], dim=1)
     cache_a, cache_b = target.new_cache(), target.new_cache()
     for cache in (cache_a, cache_b):
         target.forward(prompt[:, :-1], 0, cache)

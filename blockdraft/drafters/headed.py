@@ -49,10 +49,13 @@ class HeadedDrafter:
         unknown = sorted(set(off) - set(names))
         if unknown:
             raise ConfigError(f"off names heads {unknown} this drafter does not have (it has {names})")
+        device = next(backbone.model.parameters()).device
         context = HeadContext.of(backbone)
         for head in heads:
-            head.bind(context)
+            head.to(device).bind(context)  # heads built on the CPU follow a backbone on an accelerator
         self.pruning = pruning or Pruning()
+        if self.pruning.confidence is not None:
+            self.pruning.confidence.to(device)
         self.pruning.bind(context, heads)
         self.backbone = backbone
         self.slot_heads = list(heads)
