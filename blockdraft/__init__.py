@@ -65,7 +65,7 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
     its tokens are what `generate` gives for that prompt alone (greedy: the same tokens; sampling: the
     same distribution). All rows share one temperature/top-k/top-p. `seed`: an integer gives row r the
     seed `seed + r`; a list gives one seed per row (the same seed as `generate` draws the same tokens).
-    Drafters: plain (None), small-AR and DFlash; trees and headed drafters are batch-1 only.
+    Drafters: plain (None), small-AR, lookup (one branch) and DFlash; trees and headed drafters are batch-1 only.
     `max_batch`: at most this many prompts decode at once; a finished row's slot goes to the next waiting
     prompt (continuous batching). None: all at once.
     """

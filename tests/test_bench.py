@@ -325,10 +325,12 @@ def test_batch_sizes_measure_requests_together_against_batched_ar(assets, tmp_pa
 
 
 def test_batch_sizes_refuse_batch_one_methods():
-    for methods in (("hf-prompt-lookup",), ("lookup",), ("dflash:d,tree=8",), ("dflash:d,threshold=0.5",)):
+    for methods in (("hf-prompt-lookup",), ("lookup,tree=8",), ("lookup,branches=3",), ("dflash:d,tree=8",),
+                    ("dflash:d,threshold=0.5",)):
         with pytest.raises(ConfigError, match="batch-1 only"):
             BenchConfig(target="t", methods=methods, datasets=("gsm8k",), batch_sizes=(1, 2))
     for sizes in ((0,), (2, 2), ()):
         with pytest.raises(ConfigError, match="--batch-size"):
             BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",), batch_sizes=sizes)
     assert "batch_sizes" not in BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",)).identity()
+    BenchConfig(target="t", methods=("lookup", "lookup,min_ngram=2,branches=1"), datasets=("gsm8k",), batch_sizes=(1, 2))

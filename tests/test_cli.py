@@ -143,6 +143,11 @@ def test_generate_batch_file_equals_one_prompt_at_a_time(model_folder, tmp_path,
     pooled = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert [row["tokens"] for row in pooled] == [row["tokens"] for row in rows]
     assert main(["generate", *common, "--batch-file", str(batch_file), "--max-batch", "0"]) == 2
+    # lookup chains batch too: same tokens as plain decoding of each prompt
+    lookup = common[:common.index("--draft-model")] + ["--num-proposals", "3", "--lookup"]
+    assert main(["generate", *lookup, "--batch-file", str(batch_file)]) == 0
+    assert [json.loads(line)["tokens"] for line in capsys.readouterr().out.splitlines() if line.strip()] == \
+        [row["tokens"] for row in rows]
 
 
 def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):
@@ -157,7 +162,8 @@ def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):
              (["--batch-file", str(broken)], "line 2"), (["--batch-file", str(tmp_path / "nope.jsonl")], "cannot read"),
              ([], "--batch-file"), (["--prompt", "w1", "--batch-file", str(mixed)], "--batch-file"),
              (["--batch-file", str(broken.with_name("ok.jsonl")), "--tree", "4", "--draft-model", str(model_folder)],
-              "batch-1")]
+              "batch-1"), (["--batch-file", str(broken.with_name("ok.jsonl")), "--lookup", "--lookup-branches", "3"],
+                           "batch-1")]
     broken.with_name("ok.jsonl").write_text('"w1"\n"w2"\n')
     capsys.readouterr()
     for extra, words in cases:

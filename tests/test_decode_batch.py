@@ -9,6 +9,7 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import batch as batch_module
+from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
 from test_decode_sampling import NEW, PROMPT, broken_residual_verify, chi_square_p, exact_joint, make_target
@@ -32,7 +33,7 @@ def test_batched_rows_equal_plain_greedy(targets, trained, arch):
     plain = [single(target, None, p, 40, stop_token_ids=()) for p in batch]
     drafters = {"ar": None, "dflash": trained[arch], "random-dflash": init_drafter(target, num_layers=2, block_size=5),
                 "small-ar": SmallARDrafter(tiny_target(arch, seed=5), target, num_proposals=3),
-                "self-draft": SmallARDrafter(target, target, num_proposals=6)}
+                "self-draft": SmallARDrafter(target, target, num_proposals=6), "lookup": LookupDrafter(6)}
     accepted = 0
     for name, drafter in drafters.items():
         results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=())
@@ -154,12 +155,13 @@ def draw_rows(target, drafter, sampling, draws):
     return counts
 
 
-@pytest.mark.parametrize("case", ["small_ar", "dflash"])
+@pytest.mark.parametrize("case", ["small_ar", "dflash", "lookup"])
 def test_batched_sampling_matches_target_distribution(case):
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
-    drafter = (SmallARDrafter(make_target(seed=3), target, num_proposals=2) if case == "small_ar"
-               else init_drafter(target, num_layers=1, block_size=3))
+    drafter = {"small_ar": lambda: SmallARDrafter(make_target(seed=3), target, num_proposals=2),
+               "dflash": lambda: init_drafter(target, num_layers=1, block_size=3),
+               "lookup": lambda: LookupDrafter(2)}[case]()
     counts = draw_rows(target, drafter, sampling, DRAWS)
     for prompt, row_counts in zip(ROW_PROMPTS, counts):
         assert chi_square_p(row_counts, exact_joint(target, sampling, prompt), DRAWS) > 1e-3
@@ -212,3 +214,5 @@ def test_unbatchable_drafters_and_targets_are_refused(targets):
     # one row is the batch-1 case and needs no spawn, but a tree is still refused with its reason
     with pytest.raises(ConfigError, match="tree"):
         blockdraft.generate_batch(target, tree, batch[:1], max_new_tokens=8)
+    with pytest.raises(ConfigError, match="tree proposals"):  # lookup batches its chains, not its branches
+        blockdraft.generate_batch(target, LookupDrafter(4, max_branches=3), batch, max_new_tokens=8)

@@ -8,8 +8,8 @@ mask that hides other rows' slots. Each row's verdict comes from the same `verif
 rows that finished, so they leave the batch.
 
 Drafting goes through a batch drafter (`BatchDrafter` in `drafters/base.py`): DFlash drafts every row
-in one drafter pass (`drafters/dflash_rows.py`); other drafters draft row by row, each row with its own
-drafter from `drafter.spawn()` (same weights, fresh per-sequence state). Trees are not batched.
+in one drafter pass (`drafters/dflash_rows.py`); other drafters (small-AR, lookup) draft row by row, each row
+with its own drafter from `drafter.spawn()` (same weights, fresh per-sequence state). Trees are not batched.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
     spawn = getattr(drafter, "spawn", None)
     if spawn is None:
         raise ConfigError(f"{type(drafter).__name__} cannot decode several prompts at once (it has no spawn() giving "
-                          "per-row state; trees, lookup and headed drafters are batch-1 only): use generate() per "
-                          "prompt, or plain, small-AR or DFlash drafting")
+                          "per-row state; trees and headed drafters are batch-1 only): use generate() per "
+                          "prompt, or plain, small-AR, lookup or DFlash drafting")
     return [spawn() for _ in range(rows)]
 
 

@@ -153,6 +153,11 @@ class LookupDrafter:
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         pass
 
+    def spawn(self) -> "LookupDrafter":
+        """A drafter for one row of a batch: this one, as lookup keeps no per-sequence state (it reads each
+        row's committed ids; the corpus index is read-only). Batches verify chains, so `max_branches` 1."""
+        return self
+
     def continuations(self, ids: torch.Tensor, depth: int) -> list[list[int]]:
         """Distinct continuations of the committed tokens ids (1, L): longest n-gram first, then the
         most recent occurrence first; the context before the corpus."""

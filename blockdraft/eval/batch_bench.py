@@ -28,18 +28,21 @@ import numpy as np
 
 from ..config import ConfigError
 
-BATCH_KINDS = ("ar", "small-ar", "dflash")
+BATCH_KINDS = ("ar", "small-ar", "dflash", "lookup")
 
 
 def check_methods(methods: tuple[str, ...]) -> None:
-    from .methods import dflash_options, parse_method
+    from .methods import dflash_options, lookup_options, parse_method
 
     for text in methods:
         spec = parse_method(text)
         options = dflash_options(spec.arg)[1] if spec.kind == "dflash" else {}
+        if spec.kind == "lookup":  # chains only: no tree, one branch
+            lookup = lookup_options(spec.arg or "")[1]
+            options = {k: v for k, v in lookup.items() if k == "tree" or (k == "branches" and int(v) != 1)}
         if spec.kind not in BATCH_KINDS or options:
-            raise ConfigError(f"--batch-size measures ar, small-ar and plain dflash:PATH chains; {text!r} is batch-1 "
-                              "only (trees, lookup, heads options, HF peers): bench it without --batch-size")
+            raise ConfigError(f"--batch-size measures ar, small-ar, lookup and plain dflash:PATH chains; {text!r} is "
+                              "batch-1 only (trees, heads options, HF peers): bench it without --batch-size")
 
 
 def pending_batches(prompt_sets: dict, batch_sizes: tuple[int, ...], records: list[dict]) -> list[tuple]:

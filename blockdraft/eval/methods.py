@@ -137,6 +137,11 @@ def tree_budget(value: str | None) -> int | str | None:
     return budget
 
 
+def lookup_options(arg: str) -> tuple[str, dict[str, str]]:
+    """`lookup[:CORPUS.jsonl][,options]`'s argument -> (corpus path or "", options)."""
+    return _options("lookup", arg, LOOKUP_OPTIONS)
+
+
 def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
     """`PATH[,key=value...]` -> (PATH, options), validated (see the module doc)."""
     path, options = _options("dflash", arg, DFLASH_OPTIONS)
@@ -411,7 +416,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                     drafter = SmallARDrafter(draft_model(spec.arg), target, num_proposals=block_size - 1)
                 runners.append(LoopRunner(spec.name, block_size, target, drafter, sampling, record_q))
         elif spec.kind == "lookup":
-            corpus, options = _options("lookup", spec.arg or "", LOOKUP_OPTIONS)
+            corpus, options = lookup_options(spec.arg or "")
             tree = tree_budget(options.get("tree"))
             drafter = _lookup(target, corpus or None, options, tree is not None)
             info[spec.name] = {"kind": "lookup", "corpus": corpus or None, "tree": tree,
