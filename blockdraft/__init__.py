@@ -18,8 +18,7 @@ __version__ = "0.1.0"
 
 from .checkpoints import init_drafter, load_drafter, save_drafter  # noqa: E402
 from .config import ConfigError, DFlashConfig, SamplingConfig  # noqa: E402
-from .decode.batch import batch_generate  # noqa: E402
-from .decode.loop import GenerationResult, RoundRecord, speculative_generate  # noqa: E402
+from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
 from .drafters.base import Drafter, NoDrafter, Proposal  # noqa: E402
 from .target import Target, load_target  # noqa: E402
 

@@ -8,7 +8,7 @@ import torch
 
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.decode import batch as batch_module
+from blockdraft.decode import loop as loop_module
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
@@ -169,7 +169,7 @@ def test_batched_sampling_matches_target_distribution(case):
 
 def test_batched_broken_residual_is_detected(monkeypatch):
     """The batch loop's own verify call, broken as in test_decode_sampling: the chi-square must see it."""
-    monkeypatch.setattr(batch_module, "verify", broken_residual_verify)
+    monkeypatch.setattr(loop_module, "verify", broken_residual_verify)
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
     counts = draw_rows(target, SmallARDrafter(make_target(seed=3), target, num_proposals=2), sampling, DRAWS)
@@ -211,8 +211,29 @@ def test_unbatchable_drafters_and_targets_are_refused(targets):
         blockdraft.generate_batch(target, tree, batch, max_new_tokens=8)
     with pytest.raises(ConfigError, match="sliding-window"):
         blockdraft.generate_batch(tiny_target("gemma3"), None, batch, max_new_tokens=8)
-    # one row is the batch-1 case and needs no spawn, but a tree is still refused with its reason
-    with pytest.raises(ConfigError, match="tree"):
-        blockdraft.generate_batch(target, tree, batch[:1], max_new_tokens=8)
     with pytest.raises(ConfigError, match="tree proposals"):  # lookup batches its chains, not its branches
         blockdraft.generate_batch(target, LookupDrafter(4, max_branches=3), batch, max_new_tokens=8)
+
+
+def test_one_row_is_the_batch_1_path(targets):
+    """generate() is the loop with one row: a tree drafter given one prompt through generate_batch, and
+    lookup branches decoded one row at a time (max_batch=1), verify their trees exactly as generate() does."""
+    from blockdraft.drafters.tree import as_tree
+
+    target = targets["qwen3"]
+    batch = mixed_prompts()
+    tree = as_tree(init_drafter(target, num_layers=1, block_size=5), 6, target)
+    alone = blockdraft.generate(target, tree, batch[0], max_new_tokens=12, stop_token_ids=())
+    [row] = blockdraft.generate_batch(target, tree, batch[:1], max_new_tokens=12, stop_token_ids=())
+    assert any(r.draft_parents is not None for r in alone.rounds)
+    assert row.tokens == alone.tokens
+    assert [(r.draft_tokens, r.draft_parents, r.accepted) for r in row.rounds] == \
+        [(r.draft_tokens, r.draft_parents, r.accepted) for r in alone.rounds]
+    pooled = blockdraft.generate_batch(target, LookupDrafter(2, max_branches=3), batch, max_new_tokens=40,
+                                       stop_token_ids=(), max_batch=1)
+    assert sum(r.draft_parents is not None for result in pooled for r in result.rounds) > 5
+    for prompt, result in zip(batch, pooled):
+        each = blockdraft.generate(target, LookupDrafter(2, max_branches=3), prompt, max_new_tokens=40,
+                                   stop_token_ids=())
+        assert result.tokens == each.tokens
+        assert [r.draft_parents for r in result.rounds] == [r.draft_parents for r in each.rounds]

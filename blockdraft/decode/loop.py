@@ -1,9 +1,12 @@
-"""One speculative decoding loop for every drafter and baseline: propose -> verify -> commit -> crop.
+"""One speculative decoding loop for every drafter, baseline and batch size: propose -> verify -> commit -> crop.
 
-The target verifies the anchor plus all proposals in one pass; the accepted prefix plus one
-target token (correction or bonus) is committed; the target cache is cropped to the committed
-length, never re-run; the drafter is told the new length together with the target features of
-the positions that just entered the cache.
+Each round every row's drafter proposes a chain or a tree; the target verifies each row's anchor plus
+its proposals in one pass; each row commits its accepted prefix (a tree: its accepted path) plus one
+target token (correction or bonus); the target cache is cropped (a tree: compacted) to what was
+committed, never re-run; each drafter is told its row's new length together with the target features
+of the positions that just entered the cache. Decoding one prompt is this loop with one row
+(`speculative_generate`); `batch_generate` runs several, and rows that finish leave the batch while
+waiting prompts join it (continuous batching). The rows' cache lives in `rows.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ..drafters.base import Drafter, NoDrafter, Proposal
 from ..target import Target
 from ..timing import synchronize
 from .sampling import choose
+from .rows import RowCache, batch_drafter
 from .tree import depths as tree_depths, verify_tree
 from .verify import verify
 
@@ -107,89 +111,156 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
     `record_q` stores the drafter's probability of each proposal in the round records (for the
     surrogate check (`eval/metrics.py`); it costs one softmax over the proposals).
     """
+    return decode(target, drafter, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
+                  stop_token_ids=stop_token_ids, seeds=[seed], num_proposals=num_proposals, record_q=record_q)[0]
+
+
+def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *,
+                   max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                   stop_token_ids: Iterable[int] = (), seeds: Sequence[int | None] | None = None,
+                   num_proposals: int | None = None, record_q: bool = False,
+                   max_batch: int | None = None) -> list[GenerationResult]:
+    """Generate after each prompt (1, n_r) together; one result per prompt, in order, each lossless.
+
+    `max_batch` (continuous batching): at most this many rows decode at once; when rows finish, the next
+    waiting prompts are prefilled and join the batch in their slots (None: every prompt at once).
+    `seeds[r]` seeds row r's generator (default: row r gets r); with the same seed a row draws what
+    `speculative_generate` would. A row's `decode_s` runs from the run's first round to the round that
+    finished it (its latency; for a row that joined later, its wait included); `prefill_s` is the
+    prefill pass it joined with. A round's `draft_s` is the row's equal share of that round's drafting
+    (so the rows' sum is the drafting time).
+    """
+    if len(prompts) == 0:
+        raise ConfigError("no prompts: give at least one")
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    return decode(target, drafter, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                  stop_token_ids=stop_token_ids, seeds=seeds, num_proposals=num_proposals, record_q=record_q,
+                  max_batch=max_batch)
+
+
+@torch.inference_mode()
+def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *, max_new_tokens: int,
+           sampling: SamplingConfig, stop_token_ids: Iterable[int], seeds: Sequence[int | None],
+           num_proposals: int | None, record_q: bool, max_batch: int | None = None) -> list[GenerationResult]:
+    """The loop itself; `seeds[r]` seeds prompt r's generator (None: the global one)."""
+    if len(prompts) == 0:
+        raise ConfigError("no prompts: give at least one")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
+                          f"prompt at once), got {max_batch!r}")
     drafter = drafter if drafter is not None else NoDrafter()
-    proposals = drafter.max_proposals if num_proposals is None else min(num_proposals, drafter.max_proposals)
     if num_proposals is not None and num_proposals < 0:
         raise ConfigError(f"num_proposals must be >= 0, got {num_proposals}")
+    proposals = drafter.max_proposals if num_proposals is None else min(num_proposals, drafter.max_proposals)
     device = target.device
-    prompt_ids = prompt_ids.to(device)
-    _check_request(target, prompt_ids, max_new_tokens, proposals)
+    prompts = [p.to(device) for p in prompts]
+    for prompt in prompts:
+        _check_request(target, prompt, max_new_tokens, proposals)
+    if len(prompts) > 1:
+        target.check_batchable()
+    if len(seeds) != len(prompts):
+        raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
+    generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    slots = len(prompts) if max_batch is None else min(max_batch, len(prompts))
+    drafters = batch_drafter(drafter, len(prompts))
     stops = set(int(t) for t in stop_token_ids)
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
-    layer_ids: Sequence[int] = drafter.target_layer_ids
-    prompt_len = prompt_ids.shape[1]
-    # Committed sequence; its last entry is the anchor, whose target pass is still to come.
-    ids = torch.empty((1, prompt_len + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
-    ids[:, :prompt_len] = prompt_ids
+    cache = RowCache(target, drafter.target_layer_ids)
+    ids = [torch.empty((1, p.shape[1] + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
+           for p in prompts]  # each row's committed sequence; its last entry is the anchor
+    results = [GenerationResult(tokens=[], prompt_length=p.shape[1]) for p in prompts]
+    lengths = [p.shape[1] for p in prompts]
+    waiting = list(range(len(prompts)))  # prompts not started, in order
+    t_decode, round_number = None, 0
 
-    synchronize(device)
-    t_prefill = time.perf_counter()
-    cache = target.new_cache()
-    out = target.forward(prompt_ids, 0, cache, layer_ids, logits_to_keep=1)
-    first, _ = choose(out.logits[0, -1], sampling, generator)
-    drafter.reset(prompt_ids, out.features)
-    ids[0, prompt_len] = first
-    length = prompt_len + 1
-    generated = [int(first)]
-    synchronize(device)
-    result = GenerationResult(tokens=generated, prompt_length=prompt_len,
-                              prefill_s=time.perf_counter() - t_prefill)
-    if generated[0] in stops:
-        result.stop_reason = "stop_token"
-        return result
+    def finished(row: int) -> bool:
+        return results[row].stop_reason == "stop_token" or len(results[row].tokens) >= max_new_tokens
 
-    t_decode = time.perf_counter()
-    while len(generated) < max_new_tokens:
+    while cache.rows or waiting:
+        # join: the next waiting prompts fill the free slots (prefilled together, then appended as rows);
+        # a row done at its first token leaves at once and frees its slot again
+        while waiting and len(cache.rows) < slots:
+            joining = waiting[:slots - len(cache.rows)]
+            del waiting[:len(joining)]
+            synchronize(device)
+            t_prefill = time.perf_counter()
+            logits, features = cache.prefill(joining, [prompts[row] for row in joining])
+            drafters.join(joining, [prompts[row] for row in joining], features)
+            for index, row in enumerate(joining):
+                first, _ = choose(logits[index], sampling, generators[row])
+                ids[row][:, :lengths[row]] = prompts[row]
+                ids[row][0, lengths[row]] = first
+                lengths[row] += 1
+                results[row].tokens.append(int(first))
+                if int(first) in stops:
+                    results[row].stop_reason = "stop_token"
+            synchronize(device)
+            for row in joining:
+                results[row].prefill_s = time.perf_counter() - t_prefill
+            cache.drop([row for row in cache.rows if not finished(row)], [lengths[row] - 1 for row in cache.rows])
+        if t_decode is None:
+            t_decode = time.perf_counter()
+        if not cache.rows:
+            break
+        active = cache.rows
         t_round = time.perf_counter()
-        budget = min(proposals, max_new_tokens - len(generated) - 1)  # the deepest proposal that can commit
-        proposal = (drafter.propose(ids[:, :length], budget, sampling, generator) if budget > 0
-                    else Proposal.empty(ids.device))
-        draft_tokens, parents = proposal.tokens, proposal.tree_parents()
-        check_depth(draft_tokens, parents, budget)
+        # propose: every row's drafts, each on its row's own committed text (one drafter pass for DFlash)
+        budgets = [min(proposals, max_new_tokens - len(results[row].tokens) - 1) for row in active]
+        row_proposals = drafters.propose(active, [ids[row][:, :lengths[row]] for row in active], budgets, sampling,
+                                         [generators[row] for row in active])
+        trees = [proposal.tree_parents() for proposal in row_proposals]
+        for proposal, parents, budget in zip(row_proposals, trees, budgets):
+            check_depth(proposal.tokens, parents, budget)
+        # verify: every row's [anchor, drafts] in one target pass
         synchronize(device)
         t_verify = time.perf_counter()
-        verify_ids = torch.cat([ids[:, length - 1:length], draft_tokens[None]], dim=1)  # (1, n + 1)
-        if parents is None:  # a chain: min(1, p/q) acceptance, crop on rejection
-            out = target.forward(verify_ids, length - 1, cache, layer_ids)
-            synchronize(device)
-            t_verified = time.perf_counter()
-            accepted, next_token = verify(out.logits[0], draft_tokens, proposal.q_draft, sampling, generator)
-            path = list(range(accepted))
-        else:  # a tree: walk the target's own choices through it, then keep only the accepted path
-            out = target.forward_tree(verify_ids, length - 1, cache, parents, layer_ids)
-            synchronize(device)
-            t_verified = time.perf_counter()
-            path, next_token = verify_tree(out.logits[0], draft_tokens, parents, sampling, generator)
-            accepted = len(path)
-        new_tokens, stopped = cut_at_stop(draft_tokens[path].tolist() + [next_token], stops,
-                                          max_new_tokens - len(generated))
-        if stopped:
-            result.stop_reason = "stop_token"
-        count = len(new_tokens)
-        ids[0, length:length + count] = torch.tensor(new_tokens, device=device)
-        generated.extend(new_tokens)
-        length += count
-        finished = result.stop_reason == "stop_token" or len(generated) >= max_new_tokens
-        if not finished:
-            if parents is not None:
-                Target.keep_tree_path(cache, draft_tokens.shape[0], path)
-            Target.crop(cache, length - 1)
-            features = None
-            if out.features is not None:  # rows of the anchor and the accepted path: the positions just committed
-                rows = torch.tensor([0] + [node + 1 for node in path], device=device)
-                features = out.features[:, rows[:count]]
-            drafter.commit(length, features)
+        draft_s = (t_verify - t_round) / len(active)  # the rows share the drafting time equally
+        starts = [lengths[row] - 1 for row in active]
+        out = cache.verify([ids[row][:, start:start + 1] for row, start in zip(active, starts)], starts,
+                           row_proposals)
         synchronize(device)
-        result.rounds.append(RoundRecord(
-            proposed=int(draft_tokens.shape[0]), accepted=accepted, emitted=count, draft_s=t_verify - t_round,
-            verify_s=t_verified - t_verify, round_s=time.perf_counter() - t_round,
-            draft_tokens=draft_tokens.tolist(), draft_parents=None if parents is None else parents.tolist(),
-            accepted_sources=proposal.source_names(path[:count]),
-            q_proposed=_token_probs(proposal) if record_q else None))
-        if finished:
-            break
-    result.decode_s = time.perf_counter() - t_decode
-    return result
+        verify_s = time.perf_counter() - t_verify
+        # commit: each row with the lossless rule of its proposal's shape; finished rows leave
+        kept, paths, still = [], [], []
+        for index, (row, proposal, parents) in enumerate(zip(active, row_proposals, trees)):
+            result, draft_tokens = results[row], proposal.tokens
+            k = draft_tokens.shape[0]
+            if parents is None:  # a chain: min(1, p/q) acceptance (greedy: argmax match)
+                accepted, next_token = verify(out.logits[index, :k + 1], draft_tokens, proposal.q_draft, sampling,
+                                              generators[row])
+                path = list(range(accepted))
+            else:  # a tree: walk the target's own choices through it
+                path, next_token = verify_tree(out.logits[index], draft_tokens, parents, sampling, generators[row])
+                accepted = len(path)
+            new_tokens, stopped = cut_at_stop(draft_tokens[path].tolist() + [next_token], stops,
+                                              max_new_tokens - len(result.tokens))
+            count = len(new_tokens)
+            ids[row][0, lengths[row]:lengths[row] + count] = torch.tensor(new_tokens, device=device)
+            result.tokens.extend(new_tokens)
+            lengths[row] += count
+            kept.append(count)
+            paths.append(None if parents is None else path)
+            if stopped:
+                result.stop_reason = "stop_token"
+            if finished(row):
+                result.decode_s = time.perf_counter() - t_decode
+            else:
+                still.append(row)
+                features = None
+                if out.features is not None:  # the anchor and the accepted nodes: the positions just committed
+                    features = (out.features[index:index + 1, :count] if parents is None else
+                                out.features[index:index + 1, [0] + [node + 1 for node in path[:count - 1]]])
+                drafters.commit(row, lengths[row], features)
+            result.rounds.append(RoundRecord(
+                proposed=k, accepted=accepted, emitted=count, draft_s=draft_s, verify_s=verify_s, round_s=0.0,
+                draft_tokens=draft_tokens.tolist(), draft_parents=None if parents is None else parents.tolist(),
+                accepted_sources=proposal.source_names(path[:count]),
+                q_proposed=_token_probs(proposal) if record_q else None,
+                batch_round=round_number if len(prompts) > 1 else None))
+        # crop: each row keeps its past plus the `count` slots it committed; the cache shrinks to the longest
+        cache.keep(still, starts, kept, paths, out.logits.shape[1])
+        synchronize(device)
+        round_s = time.perf_counter() - t_round
+        for row in active:
+            results[row].rounds[-1].round_s = round_s
+        round_number += 1
+    return results

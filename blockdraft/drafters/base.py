@@ -89,7 +89,7 @@ class Drafter(Protocol):
         the m positions that just entered its cache (length - 1 - m .. length - 2)."""
 
 
-# Batched decoding (`decode/batch.py`) needs per-row state. A drafter that supports it has one of
+# Batched decoding (`decode/rows.py`) needs per-row state. A drafter that supports it has one of
 #     def batch_drafter(self, rows: int) -> BatchDrafter   # drafts all rows in one pass (DFlash)
 #     def spawn(self) -> Drafter   # the same weights (shared, not copied) with fresh per-sequence state
 # the loop prefers `batch_drafter` and otherwise drafts row by row, one `spawn()` per row (with

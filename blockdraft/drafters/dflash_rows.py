@@ -1,4 +1,4 @@
-"""DFlash drafting for every row of a batch in one drafter pass (`decode/batch.py`).
+"""DFlash drafting for every row of a batch in one drafter pass (`decode/rows.py`).
 
 Each row's proposal equals what that row's own `DFlashDrafter` would propose (the same block pass,
 masked so that a row sees only its own context and its own block). What it keeps per batch:
