@@ -26,7 +26,7 @@ from .target import Target, load_target  # noqa: E402
 def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor | Sequence[int], *,
              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Iterable[int] | None = None, seed: int | None = 0, draft_argmax: bool = False,
-             num_proposals: int | None = None, record_q: bool = False,
+             num_proposals: int | str | None = None, record_q: bool = False,
              tree_budget: int | str | None = None) -> GenerationResult:
     """Generate with `target`, speculatively when `drafter` is given; the output is lossless.
 
@@ -34,6 +34,8 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
     `tree_budget`: None verifies the drafter's chain; an integer N verifies a draft tree of at most N
     nodes built from it (DDTree over a DFlash drafter's slot marginals; other drafters' proposals
     as they come); "measured" picks each round's node count from verify passes timed on this machine.
+    `num_proposals`: the most tokens proposed per round (None: the drafter's maximum); "measured" cuts each
+    round's chain to the length with the most expected tokens per second (`decode/width.py`).
     """
     if tree_budget is not None:
         from .drafters.tree import as_tree
@@ -43,9 +45,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
         drafter = as_tree(drafter, tree_budget, target)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
     prompt_ids = _prompt_tensor(prompt_ids)
-    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_proposals", num_proposals, 1)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    _check_counts(max_new_tokens, num_proposals)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
     stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
@@ -56,7 +56,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
 def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor | Sequence[int]], *,
                    max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    stop_token_ids: Iterable[int] | None = None, seed: int | Sequence[int | None] | None = 0,
-                   draft_argmax: bool = False, num_proposals: int | None = None,
+                   draft_argmax: bool = False, num_proposals: int | str | None = None,
                    record_q: bool = False, max_batch: int | None = None) -> list[GenerationResult]:
     """Decode several prompts (of any lengths) together; one `GenerationResult` per prompt, in order.
 
@@ -66,7 +66,9 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
     seed `seed + r`; a list gives one seed per row (the same seed as `generate` draws the same tokens).
     Drafters: plain (None), small-AR, lookup (one branch) and DFlash; trees and headed drafters are batch-1 only.
     `max_batch`: at most this many prompts decode at once; a finished row's slot goes to the next waiting
-    prompt (continuous batching). None: all at once.
+    prompt (continuous batching). None: all at once. `num_proposals="measured"`: each round's proposals per
+    row chosen from the verify cost at the current row count and the acceptance seen so far
+    (`decode/width.py`), so wide rounds that cost more than they commit are not run.
     """
     for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
         if isinstance(value, (list, tuple)) or isinstance(value, torch.Tensor):
@@ -76,9 +78,7 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or not len(prompts):
         raise ConfigError("prompts must be a non-empty list of prompts (each a token-id list or a (1, L) tensor)")
     tensors = [_prompt_tensor(prompt) for prompt in prompts]
-    for name, value, low in (("max_new_tokens", max_new_tokens, 1), ("num_proposals", num_proposals, 1)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    _check_counts(max_new_tokens, num_proposals)
     if isinstance(seed, int) and not isinstance(seed, bool):
         seeds = [seed + row for row in range(len(tensors))]
     elif seed is None:
@@ -92,6 +92,16 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
     return batch_generate(target, drafter, tensors, max_new_tokens=max_new_tokens, sampling=sampling,
                           stop_token_ids=stops, seeds=seeds, num_proposals=num_proposals, record_q=record_q,
                           max_batch=max_batch)
+
+
+def _check_counts(max_new_tokens: int, num_proposals: int | str | None) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if num_proposals is None or num_proposals == "measured":
+        return
+    if isinstance(num_proposals, bool) or not isinstance(num_proposals, int) or num_proposals < 1:
+        raise ConfigError(f"num_proposals must be an integer >= 1, 'measured' (each round's count chosen by cost) "
+                          f"or None (the drafter's maximum), got {num_proposals!r}")
 
 
 def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:

@@ -148,6 +148,11 @@ def test_generate_batch_file_equals_one_prompt_at_a_time(model_folder, tmp_path,
     assert main(["generate", *lookup, "--batch-file", str(batch_file)]) == 0
     assert [json.loads(line)["tokens"] for line in capsys.readouterr().out.splitlines() if line.strip()] == \
         [row["tokens"] for row in rows]
+    # and with each round's proposals chosen by cost (the drafter keeps its own maximum)
+    measured = common[:common.index("--num-proposals")] + ["--num-proposals", "measured"]
+    assert main(["generate", *measured, "--batch-file", str(batch_file)]) == 0
+    assert [json.loads(line)["tokens"] for line in capsys.readouterr().out.splitlines() if line.strip()] == \
+        [row["tokens"] for row in rows]
 
 
 def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):

@@ -20,7 +20,7 @@ from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, tiny_target
 
 VOCAB = 8
-NEW = 3  # first token from the prefill, then one speculative round with 2 proposals + bonus/correction
+NEW = 3  # first token from the prefill, then a speculative round with 1 proposal + bonus/correction
 PROMPT = torch.tensor([[1, 4, 2, 7, 3]])
 
 

@@ -26,12 +26,12 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
 
         corpus = CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer) if args.lookup_corpus else None
         branches = args.lookup_branches or (4 if tree is not None else 1)
-        sources.append(LookupDrafter(args.num_proposals or 10, min_ngram=getattr(args, "lookup_min_ngram", 1),
+        sources.append(LookupDrafter(_fixed_proposals(args) or 10, min_ngram=getattr(args, "lookup_min_ngram", 1),
                                      max_ngram=max(3, getattr(args, "lookup_min_ngram", 1)), max_branches=branches,
                                      corpus=corpus))
         labels.append("lookup")
     if args.draft_model:
-        sources.append(SmallARDrafter(args.draft_model, target, num_proposals=args.num_proposals or 4))
+        sources.append(SmallARDrafter(args.draft_model, target, num_proposals=_fixed_proposals(args) or 4))
         labels.append("small-ar")
     if args.drafter:
         sources.append(load_drafter(args.drafter, target))
@@ -182,12 +182,26 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _proposal_count(text: str) -> int | str:
+    if text == "measured":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'measured', got {text!r}")
+    return int(text)
+
+
+def _fixed_proposals(args: argparse.Namespace) -> int | None:
+    """--num-proposals K as the drafter's size; None for the default or `measured` (the drafter's own maximum)."""
+    return args.num_proposals if isinstance(args.num_proposals, int) else None
+
+
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
     parser.add_argument("--drafter", help="DFlash drafter checkpoint folder")
     parser.add_argument("--draft-model", help="small causal LM (folder or asset name) for the small-AR baseline")
-    parser.add_argument("--num-proposals", type=int, default=None,
-                        help="tokens proposed per round (default: drafter block size - 1; small-AR: 4)")
+    parser.add_argument("--num-proposals", type=_proposal_count, default=None, metavar="K|measured",
+                        help="tokens proposed per round (default: drafter block size - 1; small-AR: 4); `measured`: "
+                             "each round's count chosen by cost at the current batch size (decode/width.py)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -24,6 +24,7 @@ from ..timing import synchronize
 from .sampling import choose
 from .rows import RowCache, batch_drafter
 from .tree import depths as tree_depths, verify_tree
+from .width import CostAwareWidth, cut
 from .verify import verify
 
 
@@ -104,10 +105,11 @@ def cut_at_stop(new_tokens: list[int], stops: set[int], room: int) -> tuple[list
 def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor, *,
                          max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                          stop_token_ids: Iterable[int] = (), seed: int | None = 0,
-                         num_proposals: int | None = None, record_q: bool = False) -> GenerationResult:
+                         num_proposals: int | str | None = None, record_q: bool = False) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after prompt_ids (1, n); lossless for any drafter.
 
-    `num_proposals` caps the tokens proposed per round (default: the drafter's maximum).
+    `num_proposals` caps the tokens proposed per round (default: the drafter's maximum); "measured"
+    picks each round's count by cost (`width.py`).
     `record_q` stores the drafter's probability of each proposal in the round records (for the
     surrogate check (`eval/metrics.py`); it costs one softmax over the proposals).
     """
@@ -118,7 +120,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
 def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *,
                    max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                    stop_token_ids: Iterable[int] = (), seeds: Sequence[int | None] | None = None,
-                   num_proposals: int | None = None, record_q: bool = False,
+                   num_proposals: int | str | None = None, record_q: bool = False,
                    max_batch: int | None = None) -> list[GenerationResult]:
     """Generate after each prompt (1, n_r) together; one result per prompt, in order, each lossless.
 
@@ -141,17 +143,21 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
 @torch.inference_mode()
 def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *, max_new_tokens: int,
            sampling: SamplingConfig, stop_token_ids: Iterable[int], seeds: Sequence[int | None],
-           num_proposals: int | None, record_q: bool, max_batch: int | None = None) -> list[GenerationResult]:
-    """The loop itself; `seeds[r]` seeds prompt r's generator (None: the global one)."""
+           num_proposals: int | str | None, record_q: bool, max_batch: int | None = None) -> list[GenerationResult]:
+    """The loop itself; `seeds[r]` seeds prompt r's generator (None: the global one). `num_proposals`: the
+    most tokens a row proposes per round (None: the drafter's maximum; "measured": chosen each round by
+    cost, `width.py`)."""
     if len(prompts) == 0:
         raise ConfigError("no prompts: give at least one")
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
                           f"prompt at once), got {max_batch!r}")
     drafter = drafter if drafter is not None else NoDrafter()
-    if num_proposals is not None and num_proposals < 0:
-        raise ConfigError(f"num_proposals must be >= 0, got {num_proposals}")
-    proposals = drafter.max_proposals if num_proposals is None else min(num_proposals, drafter.max_proposals)
+    measured = num_proposals == "measured"
+    if not measured and num_proposals is not None and (isinstance(num_proposals, str) or num_proposals < 0):
+        raise ConfigError(f"num_proposals must be >= 0, None or 'measured', got {num_proposals!r}")
+    proposals = (drafter.max_proposals if num_proposals is None or measured
+                 else min(num_proposals, drafter.max_proposals))
     device = target.device
     prompts = [p.to(device) for p in prompts]
     for prompt in prompts:
@@ -162,6 +168,7 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
         raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
     generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     slots = len(prompts) if max_batch is None else min(max_batch, len(prompts))
+    cost_rule = CostAwareWidth(target, proposals, slots) if measured and proposals > 0 else None
     drafters = batch_drafter(drafter, len(prompts))
     stops = set(int(t) for t in stop_token_ids)
     cache = RowCache(target, drafter.target_layer_ids)
@@ -210,6 +217,9 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
         trees = [proposal.tree_parents() for proposal in row_proposals]
         for proposal, parents, budget in zip(row_proposals, trees, budgets):
             check_depth(proposal.tokens, parents, budget)
+        if cost_rule is not None:  # every chain cut to the round's cost-aware length
+            chosen = cost_rule.width([p.tokens.shape[0] for p, parents in zip(row_proposals, trees) if parents is None])
+            row_proposals = [cut(p, chosen) if parents is None else p for p, parents in zip(row_proposals, trees)]
         # verify: every row's [anchor, drafts] in one target pass
         synchronize(device)
         t_verify = time.perf_counter()
@@ -228,6 +238,8 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
                 accepted, next_token = verify(out.logits[index, :k + 1], draft_tokens, proposal.q_draft, sampling,
                                               generators[row])
                 path = list(range(accepted))
+                if cost_rule is not None:
+                    cost_rule.observe(k, accepted)
             else:  # a tree: walk the target's own choices through it
                 path, next_token = verify_tree(out.logits[index], draft_tokens, parents, sampling, generators[row])
                 accepted = len(path)

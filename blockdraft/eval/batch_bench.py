@@ -37,6 +37,7 @@ def check_methods(methods: tuple[str, ...]) -> None:
     for text in methods:
         spec = parse_method(text)
         options = dflash_options(spec.arg)[1] if spec.kind == "dflash" else {}
+        options = {key: value for key, value in options.items() if key != "proposals"}  # the loop's: batches
         if spec.kind == "lookup":  # chains only: no tree, one branch
             lookup = lookup_options(spec.arg or "")[1]
             options = {k: v for k, v in lookup.items() if k == "tree" or (k == "branches" and int(v) != 1)}

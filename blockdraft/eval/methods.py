@@ -15,7 +15,9 @@ Spec strings (`blockdraft bench --method ...`):
   confidence sweep);
   `tree=N|measured` verifies a DDTree of at most N nodes built from the drafter's slot marginals
   (`measured`: each round's node count from verify passes timed on this machine at load);
-- `lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,min_ngram=M,tokens=T]`: n-gram lookup
+  `proposals=measured` cuts each round's chains to the length with the most expected tokens per second
+  at the current batch size (`decode/width.py`; also for `lookup`; not with `--block-size`);
+- `lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,min_ngram=M,tokens=T,proposals=measured]`: n-gram lookup
   over the prompt and the output (and the corpus, when named); `branches` distinct continuations
   (default 1 for a chain, 4 with `tree`), n-grams of `ngram` down to `min_ngram` tokens (default 3
   down to 1), `tokens` per continuation (default 10);
@@ -67,7 +69,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
 SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured,"
-             "tree=N|measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,min_ngram=M,tokens=T], "
+             "tree=N|measured,proposals=measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,"
+             "min_ngram=M,tokens=T,proposals=measured], "
              "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured,mode=merge|fallback,min_ngram=M], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
 DEFAULT_HYBRID_TREE = 32
 DEFAULT_TREE_BRANCHES = 4
@@ -92,8 +95,9 @@ class MethodSpec:
 
 
 DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": None, "cost": ("measured",),
-                  "tree": None}
-LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "min_ngram": None, "tokens": None}
+                  "tree": None, "proposals": ("measured",)}
+LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "min_ngram": None, "tokens": None,
+                  "proposals": ("measured",)}
 HYBRID_OPTIONS = {"tree": None, "mode": ("merge", "fallback"), "min_ngram": None}
 
 
@@ -173,6 +177,7 @@ def _with_options(drafter, options: dict[str, str], target: Target, path: str):
     from ..drafters.pruning import Pruning
     from .verify_cost import measure_verify_cost
 
+    options = {key: value for key, value in options.items() if key != "proposals"}  # the loop's, not the drafter's
     if not options:
         return drafter
     if not isinstance(drafter, HeadedDrafter):
@@ -270,12 +275,19 @@ class LoopRunner:
     drafter: Any  # a Drafter, or None for plain decoding
     sampling: SamplingConfig
     record_q: bool = True
+    measured_proposals: bool = False  # `proposals=measured`: each round's count chosen by cost
+
+    @property
+    def num_proposals(self) -> int | str | None:
+        if self.measured_proposals:
+            return "measured"
+        return None if self.block_size is None else self.block_size - 1
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement:
         result = generate(self.target, self.drafter, prompt_ids, max_new_tokens=max_new_tokens,
                           temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                           top_k=self.sampling.top_k, seed=seed,
-                          num_proposals=None if self.block_size is None else self.block_size - 1,
+                          num_proposals=self.num_proposals,
                           record_q=self.record_q and self.drafter is not None)
         return Measurement(tokens=result.tokens, prompt_length=result.prompt_length,
                            prefill_s=_round_time(result.prefill_s), decode_s=_round_time(result.decode_s),
@@ -290,7 +302,7 @@ class LoopRunner:
                                  max_batch=max_batch,
                                  temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                                  top_k=self.sampling.top_k, seed=seed,
-                                 num_proposals=None if self.block_size is None else self.block_size - 1,
+                                 num_proposals=self.num_proposals,
                                  record_q=self.record_q and self.drafter is not None)
         return [Measurement(tokens=r.tokens, prompt_length=r.prompt_length, prefill_s=_round_time(r.prefill_s),
                             decode_s=_round_time(r.decode_s), stop_reason=r.stop_reason,
@@ -407,6 +419,10 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             if tree is not None:
                 drafter = TreeDrafter(drafter, tree, labels=["dflash"], target=target)
                 info[spec.name]["tree"] = tree
+            measured = spec.kind == "dflash" and options.get("proposals") == "measured"
+            if measured and block_sizes:
+                raise ConfigError(f"{spec.name} chooses its proposals per round (proposals=measured); drop "
+                                  "--block-size, or the option, to fix B")
             for block_size in block_sizes or (native,):
                 if spec.kind == "dflash" and block_size > native:
                     raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
@@ -414,7 +430,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                                       f"use --block-size <= {native}")
                 if spec.kind == "small-ar":
                     drafter = SmallARDrafter(draft_model(spec.arg), target, num_proposals=block_size - 1)
-                runners.append(LoopRunner(spec.name, block_size, target, drafter, sampling, record_q))
+                runners.append(LoopRunner(spec.name, block_size, target, drafter, sampling, record_q, measured))
         elif spec.kind == "lookup":
             corpus, options = lookup_options(spec.arg or "")
             tree = tree_budget(options.get("tree"))
@@ -424,7 +440,8 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                                "tokens": drafter.max_proposals}
             if tree is not None:
                 drafter = TreeDrafter(drafter, tree, labels=["lookup"], target=target)
-            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q))
+            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q,
+                                      options.get("proposals") == "measured"))
         elif spec.kind == "hybrid":
             sources, options = hybrid_sources(spec.arg)
             tree = tree_budget(options.get("tree")) or DEFAULT_HYBRID_TREE

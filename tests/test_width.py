@@ -1,0 +1,142 @@
+"""Cost-aware proposals per round (`num_proposals="measured"`, decode/width.py): the rule, losslessness, errors."""
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.config import ConfigError, SamplingConfig
+from blockdraft.decode import loop as loop_module
+from blockdraft.decode import width as width_module
+from blockdraft.decode.width import PROBE_EVERY, CostAwareWidth
+from blockdraft.drafters.base import Proposal
+from blockdraft.drafters.lookup import LookupDrafter
+from blockdraft.eval.methods import build_runners, parse_method
+from blockdraft.eval.verify_cost import measure_row_verify_cost
+from helpers import init_drafter, targets, trained  # noqa: F401 (fixtures)
+from test_decode_batch import DRAWS, ROW_PROMPTS, mixed_prompts
+from test_decode_sampling import NEW, chi_square_p, exact_joint, make_target
+
+
+def use_costs(monkeypatch, cost):
+    """Replace the timed verify passes by cost(rows, k), so the rule's choice is known in advance."""
+    def measured(target, max_rows, max_proposals):
+        return {(rows, k): cost(rows, k) for rows in width_module.row_counts(max_rows)
+                for k in width_module.proposal_counts(max_proposals)}
+    monkeypatch.setattr(width_module, "measured_row_cost", measured)
+
+
+def moderate(rows, k):  # t(0..2) = 1, 1.2, 1.6: with the 1/2 prior, one proposal is worth it, two are not
+    return 1.0 + 0.1 * k + 0.1 * k * k
+
+
+def test_the_rule_maximises_expected_tokens_per_second(monkeypatch):
+    use_costs(monkeypatch, lambda rows, k: 1.0)  # a free verify pass: propose everything
+    rule = CostAwareWidth(None, 7, 4)
+    assert rule.width([7, 7, 7, 7]) == 7 and rule.width([3, 0, 0]) == 3 and rule.width([0, 0]) == 0
+    # cost growing with the rows: one row can afford two proposals, four rows only one
+    # (1 row: rates 1, 1.36, 1.46, 1.44; 4 rows: 4, 4.29, 3.89; 3 rows interpolated between 2 and 4)
+    use_costs(monkeypatch, lambda rows, k: 1.0 + 0.1 * rows * k)
+    rule = CostAwareWidth(None, 7, 4)
+    assert rule.width([7]) == 2 and rule.width([7] * 4) == 1
+    assert rule.cost(3)[2] == pytest.approx(1.6)
+    # acceptance is learnt from the rounds: slot 1 rejected again and again -> nothing is worth verifying
+    use_costs(monkeypatch, moderate)
+    rule = CostAwareWidth(None, 2, 1)
+    assert rule.width([2]) == 1
+    rule.observe(2, 1)  # slot 1 accepted, slot 2 rejected
+    assert rule.reached.tolist() == [1, 1] and rule.accepted.tolist() == [1, 0]
+    for _ in range(20):
+        rule.observe(1, 0)
+    assert rule.acceptance()[0] == pytest.approx(2 / 23)
+    choices = [rule.width([2]) for _ in range(2 * PROBE_EVERY)]
+    assert choices.count(1) == 2 and set(choices) == {0, 1}  # every PROBE_EVERY-th idle round still probes
+
+
+def test_cut_keeps_a_chain_prefix_and_leaves_trees_alone():
+    chain = Proposal(tokens=torch.tensor([5, 6, 7]), q_draft=torch.eye(8)[[5, 6, 7]], logits=torch.randn(3, 8))
+    first_two = width_module.cut(chain, 2)
+    assert first_two.tokens.tolist() == [5, 6] and torch.equal(first_two.q_draft, chain.q_draft[:2])
+    assert torch.equal(first_two.logits, chain.logits[:2])
+    assert width_module.cut(chain, 3) is chain and width_module.cut(chain, 0).tokens.numel() == 0
+    tree = Proposal(tokens=torch.tensor([5, 6, 7]), parents=torch.tensor([-1, -1, 0]))
+    assert width_module.cut(tree, 1) is tree
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_measured_proposals_are_lossless_greedy(monkeypatch, targets, trained, arch):
+    target = targets[arch]
+    batch = mixed_prompts()
+    plain = [blockdraft.generate(target, None, p, max_new_tokens=30, stop_token_ids=()).tokens for p in batch]
+    drafters = {"dflash": trained[arch], "random-dflash": init_drafter(target, num_layers=1, block_size=6),
+                "lookup": LookupDrafter(6)}
+    for name, drafter in drafters.items():  # verify passes timed on this machine
+        results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(),
+                                            num_proposals="measured")
+        assert [r.tokens for r in results] == plain, name
+    use_costs(monkeypatch, moderate)  # now the rule cuts every proposal to one token
+    for name, drafter in drafters.items():
+        for results in (blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(),
+                                                  num_proposals="measured"),
+                        [blockdraft.generate(target, drafter, p, max_new_tokens=30, stop_token_ids=(),
+                                             num_proposals="measured") for p in batch]):
+            assert [r.tokens for r in results] == plain, name
+            assert max(r.proposed for result in results for r in result.rounds) == 1, name
+
+
+def draw_cut_rows(target, drafter, sampling, draws):
+    """Each row's first NEW tokens from runs one token longer: the round after the prefill may propose two
+    tokens there, which the moderate costs cut to one."""
+    counts = [{} for _ in ROW_PROMPTS]
+    for seed in range(draws):
+        results = blockdraft.batch_generate(target, drafter, ROW_PROMPTS, max_new_tokens=NEW + 1, sampling=sampling,
+                                            seeds=[3 * seed + row for row in range(len(ROW_PROMPTS))],
+                                            num_proposals="measured")
+        for row, result in enumerate(results):
+            assert result.rounds[0].proposed <= 1
+            key = tuple(result.tokens[:NEW])
+            counts[row][key] = counts[row].get(key, 0) + 1
+    return counts
+
+
+def peeking_cut(proposal, k):
+    """A broken cut, the mistake the rule must not make: it reads the drafted token and keeps it only when the
+    drafter was sure of it, so a kept token no longer follows q."""
+    sure = proposal.q_draft is not None and float(proposal.q_draft[0, proposal.tokens[0]]) > 0.3
+    return width_module.cut(proposal, k if sure else 0)
+
+
+@pytest.mark.parametrize("case", ["dflash", "lookup", "broken"])
+def test_measured_proposals_keep_the_target_distribution(monkeypatch, case):
+    use_costs(monkeypatch, moderate)  # two proposals drafted, the first one verified
+    if case == "broken":
+        monkeypatch.setattr(loop_module, "cut", peeking_cut)
+    target = make_target()
+    sampling = SamplingConfig(temperature=1.0)
+    drafter = LookupDrafter(2) if case == "lookup" else init_drafter(target, num_layers=1, block_size=3)
+    counts = draw_cut_rows(target, drafter, sampling, DRAWS)
+    p_values = [chi_square_p(row_counts, exact_joint(target, sampling, prompt), DRAWS)
+                for prompt, row_counts in zip(ROW_PROMPTS, counts)]
+    if case == "broken":
+        assert min(p_values) < 1e-6
+    else:
+        assert min(p_values) > 1e-3
+
+
+def test_row_verify_cost_and_bad_input(targets, tmp_path):
+    target = targets["qwen3"]
+    costs = measure_row_verify_cost(target, 3, [0, 2, 5], repeats=1)
+    assert sorted(costs) == [0, 2, 5] and all(seconds > 0 for seconds in costs.values())
+    prompt = mixed_prompts()[0]
+    for bad in ("fast", 0, -1, 1.5):
+        with pytest.raises(ConfigError, match="measured"):
+            blockdraft.generate(target, None, prompt, num_proposals=bad)
+        with pytest.raises(ConfigError, match="measured"):
+            blockdraft.generate_batch(target, None, [prompt, prompt], num_proposals=bad)
+    with pytest.raises(ConfigError, match="proposals takes measured"):
+        parse_method("lookup,proposals=fast")
+    blockdraft.save_drafter(init_drafter(target, num_layers=1, block_size=4).model, tmp_path / "d")
+    with pytest.raises(ConfigError, match="--block-size"):
+        build_runners((f"dflash:{tmp_path / 'd'},proposals=measured",), (3,), target, SamplingConfig())
+    runners, _ = build_runners((f"dflash:{tmp_path / 'd'},proposals=measured", "lookup,proposals=measured"), None,
+                               target, SamplingConfig())
+    assert [runner.num_proposals for runner in runners] == ["measured", "measured"]
