@@ -197,13 +197,17 @@ class Target:
 
     @torch.inference_mode()
     def forward_rows(self, input_ids: torch.Tensor, starts: torch.Tensor, cache: DynamicCache,
-                     layer_ids: Sequence[int] = (), logits_to_keep: int | torch.Tensor = 0) -> TargetOutput:
+                     layer_ids: Sequence[int] = (), logits_to_keep: int | torch.Tensor = 0,
+                     trees: Sequence[torch.Tensor | None] | None = None) -> TargetOutput:
         """Run rows of different committed lengths in one pass: input_ids (R, n), row r at positions
         starts[r] .. starts[r]+n-1.
 
         Row r's past is cache slots 0..starts[r]-1 (each row left-aligned; slots beyond hold padding or
         another row's longer past and are masked out). The new tokens land in the cache's next n slots
         and see each other causally; `pack_rows` then moves what a row keeps next to its past.
+        `trees[r]` (the parents of row r's m nodes, or None for a chain) makes row r's first m + 1 tokens
+        [anchor, node_0..] a draft tree instead: node i at starts[r] + depth(i), seeing its ancestors only
+        (as `forward_tree` does for one row).
         """
         input_ids, starts = input_ids.to(self.device), starts.to(self.device)
         rows, n = input_ids.shape
@@ -211,8 +215,15 @@ class Target:
         past = cache.get_seq_length()
         positions = starts[:, None] + torch.arange(n, device=device)  # (R, n)
         past_visible = torch.arange(past, device=device)[None] < starts[:, None]  # (R, past)
-        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
-        allowed = torch.cat([past_visible[:, None].expand(rows, n, past), causal.expand(rows, n, n)], dim=-1)
+        new = torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(rows, n, n)  # (R, n, n) causal
+        if trees is not None and any(parents is not None for parents in trees):
+            positions, new = positions.clone(), new.clone()
+            for row, parents in enumerate(trees):
+                if parents is not None:
+                    size = parents.shape[0] + 1
+                    positions[row, :size] = starts[row] + torch.tensor([0] + tree.depths(parents), device=device)
+                    new[row, :size, :size] = tree.ancestor_mask(parents).to(device)
+        allowed = torch.cat([past_visible[:, None].expand(rows, n, past), new], dim=-1)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
         mask = mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[:, None]  # (R, 1, n, past + n)
         out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,

@@ -287,7 +287,8 @@ def test_bad_tree_method_spellings_are_refused(bad, message):
 
 def test_batch_sizes_measure_requests_together_against_batched_ar(assets, tmp_path, capsys):
     out = tmp_path / "batched"
-    methods = (f"dflash:{assets / 'dflash'}", f"small-ar:{assets / 'target'}", "lookup")
+    methods = (f"dflash:{assets / 'dflash'}", f"small-ar:{assets / 'target'}", "lookup",
+               f"dflash:{assets / 'dflash'},tree=6")
     four = tmp_path / "he4.jsonl"
     four.write_text((assets / "he.jsonl").read_text() + json.dumps({"task_id": "T/3", "prompt": "def g(x):\n    w3"})
                     + "\n")
@@ -297,7 +298,7 @@ def test_batch_sizes_measure_requests_together_against_batched_ar(assets, tmp_pa
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["batch_sizes"] == [1, 2]
     records = results["records"]
-    assert len(records) == 3 * 4 * 2  # prompts x runs x batch sizes
+    assert len(records) == 3 * 5 * 2  # prompts x runs x batch sizes
     # batch size 2 over 3 prompts: one pool of 2 slots, T/2 joining when the first row is done
     two = [r for r in records if r["batch_size"] == 2 and r["method"] == "ar"]
     assert [(r["batch"], r["batch_prompt_ids"]) for r in two] == [(0, ["T/0", "T/1", "T/2"])] * 3
@@ -319,16 +320,18 @@ def test_batch_sizes_measure_requests_together_against_batched_ar(assets, tmp_pa
     grown[grown.index("--n") + 1] = "4"
     assert main(grown) == 0
     records = json.loads((out / "results.json").read_text())["records"]
-    assert len(records) == 4 * 4 * 2
+    assert len(records) == 4 * 5 * 2
     pools = {tuple(r["batch_prompt_ids"]) for r in records if r["batch_size"] == 2}
     assert pools == {("T/0", "T/1", "T/2", "T/3")}
 
 
 def test_batch_sizes_refuse_batch_one_methods():
-    for methods in (("hf-prompt-lookup",), ("lookup,tree=8",), ("lookup,branches=3",), ("dflash:d,tree=8",),
-                    ("dflash:d,threshold=0.5",)):
+    for methods in (("hf-prompt-lookup",), ("dflash:d,threshold=0.5",), ("dflash:d,cost=measured,tree=8",)):
         with pytest.raises(ConfigError, match="batch-1 only"):
             BenchConfig(target="t", methods=methods, datasets=("gsm8k",), batch_sizes=(1, 2))
+    # trees, lookup branches, hybrids and cost-chosen proposals batch
+    BenchConfig(target="t", methods=("lookup,tree=8", "lookup,branches=3", "dflash:d,tree=8", "hybrid:lookup+dflash=d",
+                                     "dflash:d,proposals=measured"), datasets=("gsm8k",), batch_sizes=(1, 2))
     for sizes in ((0,), (2, 2), ()):
         with pytest.raises(ConfigError, match="--batch-size"):
             BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",), batch_sizes=sizes)

@@ -148,6 +148,11 @@ def test_generate_batch_file_equals_one_prompt_at_a_time(model_folder, tmp_path,
     assert main(["generate", *lookup, "--batch-file", str(batch_file)]) == 0
     assert [json.loads(line)["tokens"] for line in capsys.readouterr().out.splitlines() if line.strip()] == \
         [row["tokens"] for row in rows]
+    # trees batch too: lookup branches merged with the small-AR chain, and the fallback hybrid
+    for extra in (["--lookup", "--lookup-branches", "3", "--tree", "8"], ["--lookup", "--fallback"]):
+        assert main(["generate", *common, *extra, "--batch-file", str(batch_file)]) == 0
+        assert [json.loads(line)["tokens"] for line in capsys.readouterr().out.splitlines() if line.strip()] == \
+            [row["tokens"] for row in rows], extra
     # and with each round's proposals chosen by cost (the drafter keeps its own maximum)
     measured = common[:common.index("--num-proposals")] + ["--num-proposals", "measured"]
     assert main(["generate", *measured, "--batch-file", str(batch_file)]) == 0
@@ -165,10 +170,7 @@ def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):
     broken.write_text('{"prompt": "w1"}\n{"text": "w2"}\n')
     cases = [(["--batch-file", str(mixed)], "mixed sampling"), (["--batch-file", str(empty)], "no prompts"),
              (["--batch-file", str(broken)], "line 2"), (["--batch-file", str(tmp_path / "nope.jsonl")], "cannot read"),
-             ([], "--batch-file"), (["--prompt", "w1", "--batch-file", str(mixed)], "--batch-file"),
-             (["--batch-file", str(broken.with_name("ok.jsonl")), "--tree", "4", "--draft-model", str(model_folder)],
-              "batch-1"), (["--batch-file", str(broken.with_name("ok.jsonl")), "--lookup", "--lookup-branches", "3"],
-                           "batch-1")]
+             ([], "--batch-file"), (["--prompt", "w1", "--batch-file", str(mixed)], "--batch-file")]
     broken.with_name("ok.jsonl").write_text('"w1"\n"w2"\n')
     capsys.readouterr()
     for extra, words in cases:

@@ -155,13 +155,16 @@ def draw_rows(target, drafter, sampling, draws):
     return counts
 
 
-@pytest.mark.parametrize("case", ["small_ar", "dflash", "lookup"])
+@pytest.mark.parametrize("case", ["small_ar", "dflash", "lookup", "ddtree"])
 def test_batched_sampling_matches_target_distribution(case):
+    from blockdraft.drafters.tree import as_tree
+
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
     drafter = {"small_ar": lambda: SmallARDrafter(make_target(seed=3), target, num_proposals=2),
                "dflash": lambda: init_drafter(target, num_layers=1, block_size=3),
-               "lookup": lambda: LookupDrafter(2)}[case]()
+               "lookup": lambda: LookupDrafter(2),
+               "ddtree": lambda: as_tree(init_drafter(target, num_layers=1, block_size=3), 4, target)}[case]()
     counts = draw_rows(target, drafter, sampling, DRAWS)
     for prompt, row_counts in zip(ROW_PROMPTS, counts):
         assert chi_square_p(row_counts, exact_joint(target, sampling, prompt), DRAWS) > 1e-3
@@ -202,17 +205,49 @@ def test_bad_batches_get_clear_errors(targets):
 
 
 def test_unbatchable_drafters_and_targets_are_refused(targets):
+    from blockdraft.drafters.headed import HeadedDrafter
     from blockdraft.drafters.tree import as_tree
 
     target = targets["qwen3"]
     batch = mixed_prompts()
-    tree = as_tree(init_drafter(target, num_layers=1, block_size=5), 6, target)
+    headed = HeadedDrafter(init_drafter(target, num_layers=1, block_size=5))
     with pytest.raises(ConfigError, match="batch-1 only"):
-        blockdraft.generate_batch(target, tree, batch, max_new_tokens=8)
+        blockdraft.generate_batch(target, headed, batch, max_new_tokens=8)
+    with pytest.raises(ConfigError, match="batch-1 only"):  # a tree over it, too
+        blockdraft.generate_batch(target, as_tree(headed, 6, target), batch, max_new_tokens=8)
     with pytest.raises(ConfigError, match="sliding-window"):
         blockdraft.generate_batch(tiny_target("gemma3"), None, batch, max_new_tokens=8)
-    with pytest.raises(ConfigError, match="tree proposals"):  # lookup batches its chains, not its branches
-        blockdraft.generate_batch(target, LookupDrafter(4, max_branches=3), batch, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_batched_trees_equal_plain_greedy(targets, trained, arch):
+    """Rows verify their own trees (and chains, when a round's tree is one) side by side in one pass."""
+    from blockdraft.drafters.tree import TreeDrafter, as_tree
+
+    target = targets[arch]
+    batch = mixed_prompts()
+    plain = [single(target, None, p, 40, stop_token_ids=()) for p in batch]
+    drafters = {"ddtree": as_tree(trained[arch], 12, target),
+                "random-ddtree": as_tree(init_drafter(target, num_layers=1, block_size=5), 6, target),
+                "lookup-branches": LookupDrafter(2, max_branches=3),
+                "hybrid": TreeDrafter([LookupDrafter(4, max_branches=2), trained[arch]], 10,
+                                      labels=["lookup", "dflash"])}
+    accepted = 0
+    for name, drafter in drafters.items():
+        results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=())
+        assert [r.tokens for r in results] == plain, name
+        rounds = [r for result in results for r in result.rounds]
+        assert any(r.draft_parents is not None for r in rounds), name
+        accepted += sum(r.accepted for r in rounds)
+        per_round = {}
+        for r in rounds:  # several rows verified trees in the same pass
+            per_round.setdefault(r.batch_round, []).append(r.draft_parents is not None)
+        assert max(sum(flags) for flags in per_round.values()) > 1, name
+    assert accepted > 0, "drafts must be accepted somewhere, or the tree commit path goes untested"
+    # and under continuous batching, rows joining mid-run
+    pooled = blockdraft.generate_batch(target, drafters["ddtree"], batch, max_new_tokens=40, stop_token_ids=(),
+                                       max_batch=2)
+    assert [r.tokens for r in pooled] == plain
 
 
 def test_one_row_is_the_batch_1_path(targets):

@@ -112,9 +112,6 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
     from .. import generate_batch
 
     rows = read_batch_file(args.batch_file, args)
-    if args.tree is not None or args.fallback or (args.lookup_branches or 1) > 1:
-        raise ConfigError("--batch-file decodes plain, --lookup, --draft-model or --drafter chains; trees, "
-                          "--fallback and lookup branches are batch-1 only (use --prompt)")
     device = setup_torch(args)
     target, drafter = _load_pair(args, device)
     prompts = [encode_prompt(target, text, args.chat) for _, text in rows]

@@ -11,7 +11,8 @@ cache again (no padding), so the run goes on with the one-row passes.
 The drafters' side is a batch drafter (`BatchDrafter` in `drafters/base.py`): DFlash drafts every row
 in one drafter pass (`drafters/dflash_rows.py`); other drafters (small-AR, lookup) draft row by row,
 each row with its own drafter from `drafter.spawn()` (same weights, fresh per-sequence state); one
-row uses the drafter it was given. Trees are verified for one row at a time.
+row uses the drafter it was given. A row's proposal may be a tree, verified beside the other rows'
+chains and trees in the same pass.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
     spawn = getattr(drafter, "spawn", None)
     if spawn is None:
         raise ConfigError(f"{type(drafter).__name__} cannot decode several prompts at once (it has no spawn() giving "
-                          "per-row state; trees and headed drafters are batch-1 only): use generate() per "
-                          "prompt, or plain, small-AR, lookup or DFlash drafting")
+                          "per-row state; headed drafters are batch-1 only): use generate() per prompt, or "
+                          "plain, small-AR, lookup, DFlash or tree drafting")
     return [spawn() for _ in range(rows)]
 
 
@@ -113,16 +114,13 @@ class RowCache:
             if parents is not None:
                 return self.target.forward_tree(verify_ids, starts[0], self.cache, parents, self.layer_ids)
             return self.target.forward(verify_ids, starts[0], self.cache, self.layer_ids)
-        if any(p.tree_parents() is not None for p in proposals):
-            raise ConfigError("tree proposals are verified one sequence at a time: use generate() for tree "
-                              "drafters (batched decoding verifies chains)")
         width = 1 + max(p.tokens.shape[0] for p in proposals)
         verify_ids = torch.zeros((len(proposals), width), dtype=torch.long, device=self.target.device)
         for index, (anchor, proposal) in enumerate(zip(anchors, proposals)):
             verify_ids[index, :1] = anchor[0]
             verify_ids[index, 1:1 + proposal.tokens.shape[0]] = proposal.tokens
         return self.target.forward_rows(verify_ids, torch.tensor(starts, device=self.target.device), self.cache,
-                                        self.layer_ids)
+                                        self.layer_ids, trees=[p.tree_parents() for p in proposals])
 
     def keep(self, still: list[int], starts: list[int], kept: list[int], paths: list[list[int] | None],
              width: int) -> None:
@@ -135,7 +133,7 @@ class RowCache:
                     Target.keep_tree_path(self.cache, width - 1, paths[0])
                 Target.crop(self.cache, starts[0] + kept[0])
         else:
-            self._pack(still, starts, kept, self.cache.get_seq_length() - width)
+            self._pack(still, starts, kept, paths, self.cache.get_seq_length() - width)
         self.rows = list(still)
         if not still:
             self.cache = None
@@ -145,9 +143,11 @@ class RowCache:
         if len(still) < len(self.rows):
             self.keep(still, starts, [0] * len(self.rows), [None] * len(self.rows), 0)
 
-    def _pack(self, still: list[int], starts: list[int], kept: list[int], base: int) -> None:
-        """Row i of `still` keeps slots < its start and the `kept` slots from `base` on: its new slot j is
-        j below its start, else base + (j - start); slots past a row's length are padding (masked)."""
+    def _pack(self, still: list[int], starts: list[int], kept: list[int], paths: list[list[int] | None],
+              base: int) -> None:
+        """Row i of `still` keeps slots < its start and `kept` of the verify pass's slots from `base` on: its
+        new slot j is j below its start, else base + (j - start) for a chain, base + the j - start'th of
+        [anchor, path nodes] for a tree; slots past a row's length are padding (masked)."""
         if not still:
             return
         position = {row: index for index, row in enumerate(self.rows)}
@@ -156,6 +156,11 @@ class RowCache:
         length = int(max(starts[position[row]] + kept[position[row]] for row in still))
         slot = torch.arange(length)[None]  # (1, S')
         slots = torch.where(slot < start, slot, base + slot - start)
+        for index, row in enumerate(still):
+            at, path = position[row], paths[position[row]]
+            if path is not None:  # a tree: the anchor, then the accepted path's nodes (node i is slot i + 1)
+                offsets = torch.tensor([0] + [node + 1 for node in path])[:kept[at]]
+                slots[index, starts[at]:starts[at] + kept[at]] = base + offsets
         slots = slots.clamp(max=self.cache.get_seq_length() - 1)  # padding slots: any in-range slot, masked later
         device = self.cache.layers[0].keys.device
         Target.pack_rows(self.cache, rows.to(device), slots.to(device))

@@ -114,6 +114,17 @@ class TreeDrafter:
         self.fallback = fallback
         self.last_budget: int | None = None  # nodes the last round was allowed (the chosen m when measured)
 
+    def spawn(self) -> "TreeDrafter":
+        """The same sources (each spawned: shared weights, fresh state), budget and cost curve, for another row
+        of a batch."""
+        unspawnable = [label for source, label in zip(self.sources, self.labels) if not hasattr(source, "spawn")]
+        if unspawnable:
+            raise ConfigError(f"tree source(s) {unspawnable} keep per-sequence state they cannot copy (headed "
+                              "drafters are batch-1 only): decode one prompt at a time with generate()")
+        return TreeDrafter([source.spawn() for source in self.sources], self.budget, labels=self.labels,
+                           verify_cost=self.verify_cost, max_nodes=self.max_nodes, keep_chain=self.keep_chain,
+                           fallback=self.fallback)
+
     def _features_for(self, source: Drafter, features: torch.Tensor | None) -> torch.Tensor | None:
         return features if source.target_layer_ids else None
 

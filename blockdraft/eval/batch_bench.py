@@ -28,22 +28,20 @@ import numpy as np
 
 from ..config import ConfigError
 
-BATCH_KINDS = ("ar", "small-ar", "dflash", "lookup")
+BATCH_KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid")
+DRAFTER_OPTIONS = ("markov", "heads", "threshold", "cost")  # they make a headed drafter, which is batch-1 only
 
 
 def check_methods(methods: tuple[str, ...]) -> None:
-    from .methods import dflash_options, lookup_options, parse_method
+    from .methods import dflash_options, parse_method
 
     for text in methods:
         spec = parse_method(text)
         options = dflash_options(spec.arg)[1] if spec.kind == "dflash" else {}
-        options = {key: value for key, value in options.items() if key != "proposals"}  # the loop's: batches
-        if spec.kind == "lookup":  # chains only: no tree, one branch
-            lookup = lookup_options(spec.arg or "")[1]
-            options = {k: v for k, v in lookup.items() if k == "tree" or (k == "branches" and int(v) != 1)}
-        if spec.kind not in BATCH_KINDS or options:
-            raise ConfigError(f"--batch-size measures ar, small-ar, lookup and plain dflash:PATH chains; {text!r} is "
-                              "batch-1 only (trees, heads options, HF peers): bench it without --batch-size")
+        if spec.kind not in BATCH_KINDS or set(options) & set(DRAFTER_OPTIONS):
+            raise ConfigError(f"--batch-size measures ar, small-ar, lookup, hybrid and dflash:PATH (chains or trees); "
+                              f"{text!r} is batch-1 only (heads and pruning options, HF peers): bench it without "
+                              "--batch-size")
 
 
 def pending_batches(prompt_sets: dict, batch_sizes: tuple[int, ...], records: list[dict]) -> list[tuple]:

@@ -177,7 +177,7 @@ def _with_options(drafter, options: dict[str, str], target: Target, path: str):
     from ..drafters.pruning import Pruning
     from .verify_cost import measure_verify_cost
 
-    options = {key: value for key, value in options.items() if key != "proposals"}  # the loop's, not the drafter's
+    options = {key: value for key, value in options.items() if key not in ("proposals", "tree")}  # the loop's
     if not options:
         return drafter
     if not isinstance(drafter, HeadedDrafter):
