@@ -10,6 +10,7 @@ from blockdraft.decode import width as width_module
 from blockdraft.decode.width import PROBE_EVERY, CostAwareWidth
 from blockdraft.drafters.base import Proposal
 from blockdraft.drafters.lookup import LookupDrafter
+from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.eval.methods import build_runners, parse_method
 from blockdraft.eval.verify_cost import measure_row_verify_cost
 from helpers import init_drafter, targets, trained  # noqa: F401 (fixtures)
@@ -27,6 +28,10 @@ def use_costs(monkeypatch, cost):
 
 def moderate(rows, k):  # t(0..2) = 1, 1.2, 1.6: with the 1/2 prior, one proposal is worth it, two are not
     return 1.0 + 0.1 * k + 0.1 * k * k
+
+
+def one_at_most(rows, k):  # one proposal is free, a second one costs ten passes
+    return 1.0 if k <= 1 else 10.0
 
 
 def test_the_rule_maximises_expected_tokens_per_second(monkeypatch):
@@ -52,6 +57,23 @@ def test_the_rule_maximises_expected_tokens_per_second(monkeypatch):
     assert choices.count(1) == 2 and set(choices) == {0, 1}  # every PROBE_EVERY-th idle round still probes
 
 
+def test_a_slot_never_verified_looks_like_the_deepest_one_that_was(monkeypatch):
+    # cost 1 + 0.2 k: a slot worth 1/2 does not pay for itself at depth 4, one worth ~0.9 does
+    use_costs(monkeypatch, lambda rows, k: 1.0 + 0.2 * k)
+    rule = CostAwareWidth(None, 8, 1)
+    for _ in range(30):
+        rule.observe(3, 3)  # rounds cut at 3 whose three slots were all accepted
+    a = rule.acceptance()
+    a1 = 31 / 32
+    a2 = (30 + 2 * a1) / 32
+    assert a[:3] == pytest.approx([a1, a2, (30 + 2 * a2) / 32]) and rule.reached[3:].sum() == 0
+    assert a[3] == pytest.approx(a[2]) and a[7] == pytest.approx(a[2])  # unverified slots inherit slot 3's rate
+    assert rule.width([8]) == 8  # so the rule tries longer chains (a flat 1/2 prior would stop at 3)
+    for _ in range(30):
+        rule.observe(8, 3)  # ... and learns when slot 4 fails
+    assert rule.acceptance()[3] < 0.1 and rule.width([8]) == 3
+
+
 def test_cut_keeps_a_chain_prefix_and_leaves_trees_alone():
     chain = Proposal(tokens=torch.tensor([5, 6, 7]), q_draft=torch.eye(8)[[5, 6, 7]], logits=torch.randn(3, 8))
     first_two = width_module.cut(chain, 2)
@@ -60,6 +82,10 @@ def test_cut_keeps_a_chain_prefix_and_leaves_trees_alone():
     assert width_module.cut(chain, 3) is chain and width_module.cut(chain, 0).tokens.numel() == 0
     tree = Proposal(tokens=torch.tensor([5, 6, 7]), parents=torch.tensor([-1, -1, 0]))
     assert width_module.cut(tree, 1) is tree
+    path = Proposal(tokens=torch.tensor([5, 6, 7]), parents=torch.tensor([-1, 0, 1]), sources=[1, 1, 3],
+                    source_labels=("lookup", "dflash"))  # a hybrid's tree that is one chain: verified as a chain
+    first = width_module.cut(path, 2)
+    assert first.tokens.tolist() == [5, 6] and first.parents.tolist() == [-1, 0] and first.sources == [1, 1]
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
@@ -68,19 +94,24 @@ def test_measured_proposals_are_lossless_greedy(monkeypatch, targets, trained, a
     batch = mixed_prompts()
     plain = [blockdraft.generate(target, None, p, max_new_tokens=30, stop_token_ids=()).tokens for p in batch]
     drafters = {"dflash": trained[arch], "random-dflash": init_drafter(target, num_layers=1, block_size=6),
-                "lookup": LookupDrafter(6)}
+                "lookup": LookupDrafter(6),  # lookup's chain when it matches, else a DDTree: only chains are cut
+                "fallback": TreeDrafter([LookupDrafter(6), trained[arch]], 8, labels=["lookup", "dflash"],
+                                        target=target, fallback=True)}
     for name, drafter in drafters.items():  # verify passes timed on this machine
         results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(),
                                             num_proposals="measured")
         assert [r.tokens for r in results] == plain, name
-    use_costs(monkeypatch, moderate)  # now the rule cuts every proposal to one token
+    use_costs(monkeypatch, one_at_most)  # now the rule cuts every chain to one token
     for name, drafter in drafters.items():
         for results in (blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(),
                                                   num_proposals="measured"),
                         [blockdraft.generate(target, drafter, p, max_new_tokens=30, stop_token_ids=(),
                                              num_proposals="measured") for p in batch]):
             assert [r.tokens for r in results] == plain, name
-            assert max(r.proposed for result in results for r in result.rounds) == 1, name
+            chains = [r.proposed for result in results for r in result.rounds if r.draft_parents is None]
+            assert max(chains) == 1, name
+            if name == "fallback":  # lookup's chains were cut; the DDTree rounds were not
+                assert max(r.proposed for result in results for r in result.rounds) > 1
 
 
 def draw_cut_rows(target, drafter, sampling, draws):
@@ -137,6 +168,9 @@ def test_row_verify_cost_and_bad_input(targets, tmp_path):
     blockdraft.save_drafter(init_drafter(target, num_layers=1, block_size=4).model, tmp_path / "d")
     with pytest.raises(ConfigError, match="--block-size"):
         build_runners((f"dflash:{tmp_path / 'd'},proposals=measured",), (3,), target, SamplingConfig())
-    runners, _ = build_runners((f"dflash:{tmp_path / 'd'},proposals=measured", "lookup,proposals=measured"), None,
-                               target, SamplingConfig())
-    assert [runner.num_proposals for runner in runners] == ["measured", "measured"]
+    hybrid = f"hybrid:lookup+dflash={tmp_path / 'd'},mode=fallback,tokens=7,branches=1,proposals=measured"
+    runners, info = build_runners((f"dflash:{tmp_path / 'd'},proposals=measured", "lookup,proposals=measured", hybrid),
+                                  None, target, SamplingConfig())
+    assert [runner.num_proposals for runner in runners] == ["measured"] * 3
+    assert runners[2].drafter.sources[0].max_proposals == 7 and runners[2].drafter.sources[0].max_branches == 1
+    assert info[hybrid]["tokens"] == 7 and info[hybrid]["branches"] == 1

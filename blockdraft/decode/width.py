@@ -12,11 +12,15 @@ committed tokens per second,
 the numerator the expected committed tokens of the round (the DSpark notebook's expected-acceptance
 sum, as the cost-aware pruning of `drafters/pruning.py` uses per row), with n_r the tokens row r
 proposed (lookup proposes nothing without a match), a_j the chance that slot j is accepted when the
-slots before it were, counted over this run's earlier rounds (a Laplace prior of 1/2, so slots never
-verified yet look promising and get tried), and t_R(k) a verify pass over R rows of k + 1 tokens
-timed on this machine once per target (`measured_row_cost`). Every row's proposal is cut to its
-first k* tokens. k* = 0 verifies no drafts that round; then every `PROBE_EVERY`-th such round still
-verifies one, so the estimates can recover.
+slots before it were, counted over this run's earlier rounds, and t_R(k) a verify pass over R rows of
+k + 1 tokens timed on this machine once per target (`measured_row_cost`). The counts are shrunk with
+`PRIOR_ROUNDS` pseudo-rounds toward a prior: 1/2 for slot 1, and for each deeper slot the estimate of
+the slot before it. A slot the rule has never verified thus looks like the deepest one it has: a flat
+prior of 1/2 would lock the rule into its first short cuts (lookup's continuations, accepted whole or
+not at all, have a_j of 0.9 and more from slot 3 on in HumanEval code, which a run never learns if it
+never verifies slot 4), while a drafter whose later slots fail shows it as soon as they are tried. Every
+row's proposal is cut to its first k* tokens. k* = 0 verifies no drafts that round; then every
+`PROBE_EVERY`-th such round still verifies one, so the estimates can recover.
 
 Lossless: the cut reads only earlier rounds and the proposals' lengths, never the drafted tokens or
 the target's verdict on them, and the first k tokens of a chain drawn from q_1..q_K are a chain drawn
@@ -37,6 +41,7 @@ from ..drafters.base import Proposal
 from ..target import Target
 
 PROBE_EVERY = 8
+PRIOR_ROUNDS = 2.0  # pseudo-rounds of the prior on each slot's acceptance
 _ROW_COSTS: "weakref.WeakKeyDictionary[Target, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
 
 
@@ -82,8 +87,12 @@ class CostAwareWidth:
         return np.interp(np.arange(self.max_proposals + 1), self.ks_timed, per_k)
 
     def acceptance(self) -> np.ndarray:
-        """a_j for j = 1..K: accepted / verified with the slots before it accepted, Laplace prior 1/2."""
-        return (self.accepted + 1.0) / (self.reached + 2.0)
+        """a_j for j = 1..K: accepted / verified with the slots before it accepted, shrunk toward a_{j-1}
+        (toward 1/2 for slot 1) with `PRIOR_ROUNDS` pseudo-rounds."""
+        estimates, prior = np.empty_like(self.accepted), 0.5
+        for j, (accepted, reached) in enumerate(zip(self.accepted, self.reached)):
+            prior = estimates[j] = (accepted + PRIOR_ROUNDS * prior) / (reached + PRIOR_ROUNDS)
+        return estimates
 
     def width(self, lengths: Sequence[int]) -> int:
         """k* for rows that proposed `lengths` tokens each."""
@@ -108,10 +117,11 @@ class CostAwareWidth:
 
 
 def cut(proposal: Proposal, k: int) -> Proposal:
-    """The chain's first k proposals (trees are never cut)."""
-    if proposal.parents is not None or proposal.tokens.shape[0] <= k:
+    """The chain's first k proposals (a tree shaped as one chain too; other trees are never cut)."""
+    if proposal.tree_parents() is not None or proposal.tokens.shape[0] <= k:
         return proposal
-    return Proposal(tokens=proposal.tokens[:k], q_draft=None if proposal.q_draft is None else proposal.q_draft[:k],
+    return Proposal(tokens=proposal.tokens[:k], parents=None if proposal.parents is None else proposal.parents[:k],
+                    q_draft=None if proposal.q_draft is None else proposal.q_draft[:k],
                     logits=None if proposal.logits is None else proposal.logits[:k],
                     logit_token_ids=proposal.logit_token_ids, slot_marginals=proposal.slot_marginals,
                     sources=None if proposal.sources is None else proposal.sources[:k],

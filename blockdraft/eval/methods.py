@@ -21,12 +21,14 @@ Spec strings (`blockdraft bench --method ...`):
   over the prompt and the output (and the corpus, when named); `branches` distinct continuations
   (default 1 for a chain, 4 with `tree`), n-grams of `ngram` down to `min_ngram` tokens (default 3
   down to 1), `tokens` per continuation (default 10);
-- `hybrid:SOURCE+SOURCE...[,tree=N|measured,mode=merge|fallback,min_ngram=M]`: several drafters,
-  SOURCE one of `lookup`, `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`, `dflash=PATH`
-  (default tree 32 nodes; lookup takes 4 branches and n-grams down to `min_ngram`, default 1).
-  `mode=merge` (default) merges every source's proposal into one tree per round (DFlash fills the
-  budget left by the sources before it); `mode=fallback` uses the first source, in the order given,
-  that proposes anything that round. The rounds record which source proposed each accepted token;
+- `hybrid:SOURCE+SOURCE...[,tree=N|measured,mode=merge|fallback,min_ngram=M,tokens=T,branches=B,proposals=measured]`:
+  several drafters, SOURCE one of `lookup`, `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`,
+  `dflash=PATH` (default tree 32 nodes; lookup takes `branches` continuations, default 4, of `tokens`
+  tokens, default 10, and n-grams down to `min_ngram`, default 1). `mode=merge` (default) merges every
+  source's proposal into one tree per round (DFlash fills the budget left by the sources before it);
+  `mode=fallback` uses the first source, in the order given, that proposes anything that round.
+  `proposals=measured` cuts the rounds whose tree is one chain (a lone lookup continuation) by cost, as
+  for `lookup`. The rounds record which source proposed each accepted token;
 - `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
   defaults (20 candidates, constant schedule, confidence stop 0.4), same default draft;
 - `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10).
@@ -71,7 +73,8 @@ DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft genera
 SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured,"
              "tree=N|measured,proposals=measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,"
              "min_ngram=M,tokens=T,proposals=measured], "
-             "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured,mode=merge|fallback,min_ngram=M], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+             "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured,mode=merge|fallback,min_ngram=M,tokens=T,branches=B,"
+             "proposals=measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
 DEFAULT_HYBRID_TREE = 32
 DEFAULT_TREE_BRANCHES = 4
 
@@ -98,7 +101,8 @@ DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": 
                   "tree": None, "proposals": ("measured",)}
 LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "min_ngram": None, "tokens": None,
                   "proposals": ("measured",)}
-HYBRID_OPTIONS = {"tree": None, "mode": ("merge", "fallback"), "min_ngram": None}
+HYBRID_OPTIONS = {"tree": None, "mode": ("merge", "fallback"), "min_ngram": None, "tokens": None, "branches": None,
+                  "proposals": ("measured",)}
 
 
 def _options(kind: str, arg: str, known: dict[str, tuple[str, ...] | None]) -> tuple[str, dict[str, str]]:
@@ -448,8 +452,8 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             drafters, labels = [], []
             for kind, value in sources:
                 if kind == "lookup":
-                    drafters.append(_lookup(target, value, {k: options[k] for k in ("min_ngram",) if k in options},
-                                            True))
+                    drafters.append(_lookup(target, value, {k: options[k] for k in ("min_ngram", "tokens", "branches")
+                                                            if k in options}, True))
                 elif kind == "small-ar":
                     block = (block_sizes or (DEFAULT_SMALL_AR_BLOCK,))[0]
                     drafters.append(SmallARDrafter(draft_model(value or DEFAULT_DRAFT), target,
@@ -461,8 +465,11 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             drafter = TreeDrafter(drafters, tree, labels=labels, target=target, fallback=fallback)
             info[spec.name] = {"kind": "hybrid", "sources": [{"kind": k, "arg": v} for k, v in sources],
                                "tree": tree, "mode": options.get("mode", "merge"),
-                               "min_ngram": int(options.get("min_ngram", 1))}
-            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q))
+                               "min_ngram": int(options.get("min_ngram", 1)),
+                               "tokens": int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)),
+                               "branches": int(options.get("branches", DEFAULT_TREE_BRANCHES))}
+            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q,
+                                      options.get("proposals") == "measured"))
         elif spec.kind == "hf-assisted":
             assistant = draft_model(spec.arg)
             if assistant.vocab_size != target.vocab_size:
