@@ -134,12 +134,13 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     bench_tokens = plan.bench_tokens if native_bf16() else max(32, plan.bench_tokens // 2)
     _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {bench_tokens} new tokens, "
            f"{SHARES['bench'] * left / 60:.1f} min)", started)
-    # The trained drafter verified as a DDTree whose size follows this machine's verify-cost curve, and
-    # the training-free hybrid (lookup + small AR + that drafter, one tree per round), beside the peers.
-    # A drafter shipped with the package for this target runs beside the one trained here.
+    # The trained drafter verified as a DDTree whose size follows this machine's verify-cost curve; the
+    # fastest hybrid we have measured (lookup's long continuations cut by cost when the text repeats, else
+    # that DDTree); the training-free hybrid (lookup, else the small AR draft); beside the peers. A drafter
+    # shipped with the package for this target runs beside the one trained here.
     shipped = [f"dflash:{d.name},tree=measured" for d in SHIPPED.values() if d.target == target]
     methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},tree=measured", *shipped,
-               f"hybrid:lookup+small-ar={draft_model}+dflash={drafter_dir},tree=32",
+               f"hybrid:lookup+dflash={drafter_dir},mode=fallback,tree=measured,tokens=24,branches=1,proposals=measured",
                f"hybrid:lookup+small-ar={draft_model},mode=fallback", f"hf-assisted:{draft_model}",
                "hf-prompt-lookup")
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
