@@ -94,7 +94,8 @@ def test_measured_proposals_are_lossless_greedy(monkeypatch, targets, trained, a
     batch = mixed_prompts()
     plain = [blockdraft.generate(target, None, p, max_new_tokens=30, stop_token_ids=()).tokens for p in batch]
     drafters = {"dflash": trained[arch], "random-dflash": init_drafter(target, num_layers=1, block_size=6),
-                "lookup": LookupDrafter(6),  # lookup's chain when it matches, else a DDTree: only chains are cut
+                "lookup": LookupDrafter(6),
+                # lookup's chain when it matches, else a DDTree: only the chains are cut
                 "fallback": TreeDrafter([LookupDrafter(6), trained[arch]], 8, labels=["lookup", "dflash"],
                                         target=target, fallback=True)}
     for name, drafter in drafters.items():  # verify passes timed on this machine

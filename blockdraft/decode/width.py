@@ -39,6 +39,7 @@ import torch
 
 from ..drafters.base import Proposal
 from ..target import Target
+from .tree import is_chain
 
 PROBE_EVERY = 8
 PRIOR_ROUNDS = 2.0  # pseudo-rounds of the prior on each slot's acceptance
@@ -118,7 +119,7 @@ class CostAwareWidth:
 
 def cut(proposal: Proposal, k: int) -> Proposal:
     """The chain's first k proposals (a tree shaped as one chain too; other trees are never cut)."""
-    if proposal.tree_parents() is not None or proposal.tokens.shape[0] <= k:
+    if proposal.tokens.shape[0] <= k or (proposal.parents is not None and not is_chain(proposal.parents)):
         return proposal
     return Proposal(tokens=proposal.tokens[:k], parents=None if proposal.parents is None else proposal.parents[:k],
                     q_draft=None if proposal.q_draft is None else proposal.q_draft[:k],
