@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
+#: DFlash 2: the DFlash backbone with block convolutions around every sublayer (+ a candidate selector)
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
+#: every `architectures` name a blockdraft drafter folder may carry
+DRAFTER_ARCHITECTURES = (DFLASH_ARCHITECTURE, DFLASH2_ARCHITECTURE)
 #: `format` of a standalone DeLS-Spec local head folder's config.json
 LOCAL_HEAD_FORMAT = "blockdraft-local-head"
 #: `schema` of a bench results.json
@@ -107,6 +111,15 @@ class DFlashConfig:
     # What the target's input embedding multiplies its raw table by (Gemma: sqrt(H)); None = not recorded.
     input_embedding_scale: float | None = None
     final_logit_softcapping: float | None = None  # the target's final logit soft-cap, if it has one
+    # DFlash 2 (`architectures: ["DFlash2DraftModel"]`): a grouped dynamic causal convolution of
+    # `conv_kernel_size` taps (one dynamic tap per `conv_group_size` channels) around every attention and
+    # MLP sublayer; with `selector_rank`, the candidate selector over each slot's `selector_top_k` best
+    # tokens. conv_kernel_size None = DFlash 1. `output_multiplier` scales the draft logits before the cap.
+    conv_kernel_size: int | None = None
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
+    output_multiplier: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -134,6 +147,43 @@ class DFlashConfig:
                 raise ConfigError(f"dflash_config.{name} must be a positive number or absent, got {getattr(self, name)}")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        self._check_dflash2()
+
+    def _check_dflash2(self) -> None:
+        if self.conv_kernel_size is None:
+            named = [name for name in ("conv_group_size", "selector_rank", "selector_top_k", "output_multiplier")
+                     if getattr(self, name) is not None]
+            if named:
+                raise ConfigError(f"dflash_config.{named[0]} belongs to DFlash 2 (architectures "
+                                  f"[\"{DFLASH2_ARCHITECTURE}\"]), which also needs conv_kernel_size")
+            return
+        if self.conv_kernel_size < 1:
+            raise ConfigError(f"dflash_config.conv_kernel_size must be >= 1, got {self.conv_kernel_size}")
+        if self.conv_group_size is None or self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+            raise ConfigError(f"dflash_config.conv_group_size {self.conv_group_size} must divide hidden_size "
+                              f"{self.hidden_size} (one dynamic tap per group of channels); DFlash 2 uses 16")
+        if (self.selector_rank is None) != (self.selector_top_k is None):
+            raise ConfigError("dflash_config.selector_rank and selector_top_k come together (the candidate "
+                              "selector), or neither (no selector)")
+        if self.selector_rank is not None:
+            vocab = self.draft_vocab_size or self.vocab_size
+            if self.selector_rank < 1:
+                raise ConfigError(f"dflash_config.selector_rank must be >= 1, got {self.selector_rank}")
+            if not 1 <= self.selector_top_k <= vocab:
+                raise ConfigError(f"dflash_config.selector_top_k {self.selector_top_k} must be in [1, {vocab}], "
+                                  f"the {'draft ' if self.draft_vocab_size else ''}vocabulary it picks from")
+        if self.output_multiplier is not None and not self.output_multiplier > 0:
+            raise ConfigError(f"dflash_config.output_multiplier must be a positive number, got {self.output_multiplier}")
+        if self.layout != "dflash":
+            raise ConfigError("DFlash 2 is defined for the DFlash layout (the anchor slot only conditions)")
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.conv_kernel_size is not None
+
+    @property
+    def has_selector(self) -> bool:
+        return self.selector_rank is not None
 
     @property
     def num_proposals(self) -> int:
@@ -144,7 +194,7 @@ class DFlashConfig:
         """The released `config.json` layout."""
         out: dict[str, Any] = dict(self.extra)
         out.update({
-            "architectures": [DFLASH_ARCHITECTURE],
+            "architectures": [DFLASH2_ARCHITECTURE if self.is_dflash2 else DFLASH_ARCHITECTURE],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -165,9 +215,11 @@ class DFlashConfig:
             "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
         })
         # The reference package, vLLM and SGLang read these two from dflash_config.
-        for name in ("input_embedding_scale", "final_logit_softcapping"):
+        for name in ("input_embedding_scale", "final_logit_softcapping", *DFLASH2_FIELDS):
             if getattr(self, name) is not None:
                 out["dflash_config"][name] = getattr(self, name)
+        if self.is_dflash2:
+            out.setdefault("is_causal", False)  # as the released DFlash 2 configs: bidirectional in the block
         if self.layout != "dflash":
             out["blockdraft_layout"] = self.layout
         if self.draft_vocab_size is not None:
@@ -182,7 +234,7 @@ class DFlashConfig:
         architectures = raw.get("architectures") or []
         if not isinstance(architectures, list):
             architectures = [architectures]
-        if DFLASH_ARCHITECTURE not in architectures:
+        if not any(name in architectures for name in DRAFTER_ARCHITECTURES):
             raise ConfigError(
                 f"config.json describes {architectures or 'no architecture'}, not a DFlash drafter "
                 f"(expected architectures: [\"{DFLASH_ARCHITECTURE}\"]); point --drafter at a DFlash checkpoint "
@@ -201,7 +253,7 @@ class DFlashConfig:
             rope["rope_theta"] = raw.get("rope_theta", 1e6)
         known = {f.name for f in dataclasses.fields(cls)} | {
             "architectures", "model_type", "rope_theta", "rope_scaling", "hidden_act", "tie_word_embeddings",
-            "dflash_config", "blockdraft_layout", "input_embedding_scale", "final_logit_softcapping"}
+            "dflash_config", "blockdraft_layout", "input_embedding_scale", "final_logit_softcapping", *DFLASH2_FIELDS}
         heads = raw.get("num_attention_heads")
         if not isinstance(heads, int) or not isinstance(raw["hidden_size"], int) or heads < 1:
             raise ConfigError(f"config.json: hidden_size and num_attention_heads must be positive integers, got "
@@ -224,6 +276,7 @@ class DFlashConfig:
             draft_vocab_size=raw.get("draft_vocab_size"),
             input_embedding_scale=dflash.get("input_embedding_scale", raw.get("input_embedding_scale")),
             final_logit_softcapping=dflash.get("final_logit_softcapping", raw.get("final_logit_softcapping")),
+            **dflash2_fields(raw, dflash, DFLASH2_ARCHITECTURE in architectures),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -240,6 +293,24 @@ class DFlashConfig:
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path} is not valid JSON ({err}); the checkpoint is corrupt, re-save or re-download it") from None
         return cls.from_dict(raw)
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier")
+
+
+def dflash2_fields(raw: Mapping[str, Any], dflash: Mapping[str, Any], is_dflash2: bool) -> dict[str, Any]:
+    """The DFlash 2 fields of a config.json (in `dflash_config`, or top-level as the reference also reads)."""
+    fields = {name: dflash.get(name, raw.get(name)) for name in DFLASH2_FIELDS}
+    if is_dflash2 and fields["conv_kernel_size"] is None:
+        raise ConfigError(f"config.json names {DFLASH2_ARCHITECTURE} but lacks dflash_config.conv_kernel_size; the "
+                          "checkpoint is incomplete")
+    if not is_dflash2 and any(value is not None for value in fields.values()):
+        raise ConfigError(f"config.json names {DFLASH_ARCHITECTURE} but holds DFlash 2 fields "
+                          f"({[k for k, v in fields.items() if v is not None]}): name {DFLASH2_ARCHITECTURE} or drop them")
+    if raw.get("is_causal"):
+        raise ConfigError("config.json sets is_causal: true (a causal mask inside the block); blockdraft drafters "
+                          "attend bidirectionally within the block as the released DFlash models do")
+    return fields
 
 
 def validate_layer_ids(layer_ids: tuple[int, ...] | list[int], num_target_layers: int) -> None:
