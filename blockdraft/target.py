@@ -361,9 +361,9 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
         raw = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"{config_path} is not valid JSON ({err}); re-copy the model folder") from None
-    from .config import DFLASH_ARCHITECTURE
+    from .config import DRAFTER_ARCHITECTURES
 
-    if isinstance(raw, dict) and DFLASH_ARCHITECTURE in (raw.get("architectures") or []):
+    if isinstance(raw, dict) and any(name in DRAFTER_ARCHITECTURES for name in (raw.get("architectures") or [])):
         raise ConfigError(f"{path} is a DFlash drafter, not a target model: pass it as --drafter, and as --target "
                           "the model it drafts for")
     try:
