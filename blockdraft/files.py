@@ -1,4 +1,6 @@
-"""One place for writing outputs safely: atomic files and folders, `--out` checks, run-folder locks.
+"""One place for reading inputs and writing outputs safely: UTF-8 (optionally gzipped) input text,
+atomic files and folders, `--out` checks for folders and appended files, run-folder locks, and disk
+errors (read-only, full) turned into named errors.
 
 An output folder says what it is: a drafter's `config.json` names `architectures: ["DFlashDraftModel"]`,
 a local head's names `format: blockdraft-local-head`, a training run holds `train_config.json`, a bench
@@ -12,17 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import fcntl
+import gzip
 import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .config import BENCH_SCHEMA, DFLASH_ARCHITECTURE, LOCAL_HEAD_FORMAT, ConfigError
+from .config import BENCH_SCHEMA, DRAFTER_ARCHITECTURES, LOCAL_HEAD_FORMAT, ConfigError
 
 LOCK_NAME = ".blockdraft.lock"  # the lock file a writer keeps inside the folder it owns
 
@@ -51,7 +56,7 @@ def output_kind(folder: str | Path) -> str | None:
     folder = Path(folder)
     config = _read_json(folder / "config.json")
     if isinstance(config, dict):
-        if DFLASH_ARCHITECTURE in (config.get("architectures") or []):
+        if any(name in DRAFTER_ARCHITECTURES for name in (config.get("architectures") or [])):
             return "drafter"
         if config.get("format") == LOCAL_HEAD_FORMAT:
             return "local-head"
@@ -67,14 +72,36 @@ def output_kind(folder: str | Path) -> str | None:
     return None
 
 
+def read_text(path: str | Path, *, what: str = "input file") -> str:
+    """The whole of a UTF-8 text file, gunzipped when its name ends in `.gz`. Bytes that are not UTF-8
+    and a `.gz` name on a plain file are named errors (file and line), never a codec traceback."""
+    path = Path(path).expanduser()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{what} {path}: cannot read it ({err.strerror or err})") from None
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise ConfigError(f"{what} {path} ends in .gz but is not a complete gzip file ({err}); gzip it again, "
+                              "or rename it without .gz if it is plain text") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{what} {path} line {line} is not UTF-8 text (byte 0x{data[err.start]:02x}); save the "
+                          "file as UTF-8") from None
+
+
 def _is_within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
 def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[str | Path | None] = (),
                    replaced: bool = True) -> Path:
-    """Refuse an output path that is a regular file, lies under a file, or is (or holds) one of the
-    `protect`ed input folders; when the folder will be `replaced` as a whole, also the current folder
+    """Refuse an output path that is a regular file, lies under a file, is (or holds, or lies in) one of
+    the `protect`ed input folders, or cannot be written (read-only); when the folder will be `replaced` as a whole, also the current folder
     and its parents. Returns the path."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
@@ -91,10 +118,92 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
         if source is None:
             continue
         source = Path(source).expanduser()
-        if source.exists() and _is_within(source.resolve(), resolved):
-            raise ConfigError(f"{flag} {path} is (or holds) {source}, which this command reads from; writing "
-                              "there would overwrite or delete it: give another folder")
+        if source.exists() and (_is_within(source.resolve(), resolved) or _is_within(resolved, source.resolve())):
+            raise ConfigError(f"{flag} {path} is (or holds, or lies in) {source}, which this command reads from; "
+                              "writing there would overwrite it or mix files into it: give another folder")
+    check_writable(path, flag=flag)
     return path
+
+
+def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str, flag: str = "--out",
+                   protect: Iterable[str | Path | None] = ()) -> Path:
+    """For a command that appends to one file (`regen`): refuse a folder, a path under a file, one of the
+    `protect`ed inputs or a path inside a protected folder (the target's), and an existing non-empty
+    file that `owned` does not recognise as an earlier output of the command (`what` names that kind)."""
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file path such as {path / 'out.jsonl'}")
+    for parent in path.absolute().parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{flag} {path} lies under {parent}, which is a file; give a path inside a folder")
+    resolved = path.resolve()
+    for source in protect:
+        if source is None:
+            continue
+        source = Path(source).expanduser()
+        if source.exists() and _is_within(resolved, source.resolve()):
+            raise ConfigError(f"{flag} {path} is (or lies in) {source}, which this command reads from; writing "
+                              "there would change it: give a new file elsewhere")
+    if path.is_file() and path.stat().st_size and not owned(path):
+        raise ConfigError(f"{flag} {path} exists and is not {what}; it is left as it is: give a new file "
+                          "(an existing one is resumed only when it holds that command's own rows)")
+    return path
+
+
+def sibling_lock(path: str | Path, *, what: str) -> contextlib.AbstractContextManager[None]:
+    """`folder_lock` on a hidden file beside `path`, for a writer that appends to one file."""
+    path = Path(path)
+    return folder_lock(path.with_name(f".{path.name}.lock"), what=what, wait=False)
+
+
+#: errno values that mean "this disk cannot take the write", not a bug: named errors, not tracebacks
+DISK_ERRNOS = {errno.EROFS: "the file system is read-only", errno.ENOSPC: "the disk is full",
+               errno.EDQUOT: "the disk quota is exhausted", errno.EACCES: "permission denied",
+               errno.EPERM: "permission denied", errno.EFBIG: "the file is too large for the file system"}
+# Libraries that wrap the OS error in their own exception keep only its text (safetensors, torch.save).
+_DISK_TEXTS = {"No space left on device": errno.ENOSPC, "Read-only file system": errno.EROFS,
+               "Disk quota exceeded": errno.EDQUOT, "Permission denied": errno.EACCES}
+
+
+def disk_error(err: BaseException, path: str | Path) -> ConfigError | None:
+    """A named error for a write to `path` that failed because of the disk (read-only, full,
+    permissions); None for any other failure, which should propagate as it is."""
+    code = err.errno if isinstance(err, OSError) else None
+    if code not in DISK_ERRNOS:
+        code = next((value for text, value in _DISK_TEXTS.items() if text in str(err)), None)
+    if code is None and isinstance(err, RuntimeError) and "unexpected pos" in str(err):
+        code = errno.ENOSPC  # torch.save's zip writer reports a short write on a full disk this way
+    if code is None:
+        return None
+    where = getattr(err, "filename", None) or path
+    return ConfigError(f"cannot write {where}: {DISK_ERRNOS[code]}; free some space or choose another output "
+                       "location")
+
+
+@contextlib.contextmanager
+def named_disk_errors(path: str | Path, *, partial: Iterable[str | Path] = ()) -> Iterator[None]:
+    """Turn a disk failure inside the block into `disk_error`'s ConfigError; on any failure delete the
+    `partial` files the block was writing, so no half file is left behind."""
+    try:
+        yield
+    except BaseException as err:
+        for leftover in partial:
+            with contextlib.suppress(OSError):
+                Path(leftover).unlink(missing_ok=True)
+        named = disk_error(err, path)
+        if named is not None:
+            raise named from None
+        raise
+
+
+def check_writable(folder: str | Path, *, flag: str = "--out") -> None:
+    """Refuse early an output whose nearest existing folder cannot be written (a read-only mount), before
+    any work: the write would fail only at the end otherwise."""
+    folder = Path(folder).expanduser().absolute()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK):
+        raise ConfigError(f"{flag} {folder}: {existing} cannot be written (a read-only file system or no "
+                          "permission); choose another output location")
 
 
 def check_out_dir(out: str | Path, kind: str, *, overwrite: bool = False, flag: str = "--out",
@@ -154,9 +263,11 @@ def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, o
     or lies under a file. The folder gets the user's umask permissions, not tempfile's 0700."""
     out_dir = check_location(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    with named_disk_errors(out_dir):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        write(tmp)
+        with named_disk_errors(out_dir):
+            write(tmp)
         kind = output_kind(tmp)
         if out_dir.exists():
             if kind is None:  # a writer of unmarked folders: replace nothing that holds files
@@ -181,14 +292,15 @@ def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, o
 def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> None:
     """Write `text` to a hidden sibling, then rename it over `path` (readers never see half a file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", encoding="utf-8") as stream:
-        stream.write(text)
-        if fsync:
-            stream.flush()
-            os.fsync(stream.fileno())
-    os.replace(tmp, path)
+    with named_disk_errors(path, partial=[tmp]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            if fsync:
+                stream.flush()
+                os.fsync(stream.fileno())
+        os.replace(tmp, path)
 
 
 def write_json_atomic(path: str | Path, payload: Any, *, fsync: bool = False, **dumps: Any) -> None:
@@ -209,8 +321,10 @@ def folder_lock(lock_path: str | Path, *, what: str, wait: bool) -> Iterator[Non
     `wait`, a second taker waits its turn; without, it gets a ConfigError naming the holder. The OS drops
     the lock when its holder dies, so a killed process never blocks the next one."""
     lock_path = Path(lock_path)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as lock:
+    with named_disk_errors(lock_path):
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "a+")
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -67,6 +67,12 @@ def out_dir_file(base, sandbox):
     return {}
 
 
+def other_jsonl(base, sandbox):
+    """JSONL of someone else's rows, the last one without its newline (what regen used to cut off)."""
+    (sandbox / "other.jsonl").write_text('{"id": "a", "prompt": "mine"}\n{"id": "b", "prompt": "also mine"}')
+    return {}
+
+
 def corrupt_latest(base, sandbox):
     run = sandbox / "run"
     run.mkdir()
@@ -173,6 +179,14 @@ CASES = [
     ("regen-resume-other-settings", regen_resume_other_settings, REGEN + ["--n", "1", "--out", "{sandbox}/r.jsonl"],
      ["temperature"]),
     ("regen-out-dir", no_setup, REGEN + ["--n", "1", "--out", "{sandbox}"], ["folder"]),
+    # regen follows the --out rules: never an input, never a file of other things (nothing is cut)
+    ("regen-out-is-target-file", no_setup, REGEN + ["--n", "1", "--out", "{target}/config.json"], ["reads from"]),
+    ("regen-out-in-target-folder", no_setup, REGEN + ["--n", "1", "--out", "{target}/new.jsonl"], ["reads from"]),
+    ("regen-out-is-prompts-file", no_setup, REGEN + ["--n", "1", "--out", "{base}/prompts.jsonl"], ["reads from"]),
+    ("regen-out-existing-text-file", out_dir_file, REGEN + ["--n", "1", "--out", "{sandbox}/notes.txt"],
+     ["not a regen output"]),
+    ("regen-out-other-jsonl", other_jsonl, REGEN + ["--n", "1", "--out", "{sandbox}/other.jsonl"],
+     ["not a regen output"]),
     # train
     ("train-max-steps-word", no_setup, TRAIN + ["max_steps=ten"], ["max_steps"]),
     ("train-block-size-float", no_setup, TRAIN + ["block_size=4.5"], ["block_size"]),

@@ -129,3 +129,30 @@ def test_real_regen_small(tmp_path):
                     progress=False)
     [row] = rows(tmp_path / "r.jsonl")
     assert stats.written == 1 and "def " in row["conversations"][1]["content"]
+
+
+def test_two_runs_on_one_out_are_refused_not_duplicated(tiny_folder, tmp_path):
+    """The second writer of an --out meets the lock (it used to write every conversation again)."""
+    from blockdraft.config import ConfigError
+    from blockdraft.files import sibling_lock
+
+    out = tmp_path / "r.jsonl"
+    with sibling_lock(out, what="a regen run"):
+        with pytest.raises(ConfigError, match="in use by another process"):
+            R.regen(str(tiny_folder), prompts(2), 2, out, max_new_tokens=4, dtype="fp32", progress=False)
+    assert not out.exists()
+
+
+def test_only_a_cut_off_regen_row_is_dropped(tiny_folder, tmp_path):
+    """A last line that is not the start of a regen row is someone's text: refused, the file unchanged."""
+    from blockdraft.config import ConfigError
+
+    kwargs = dict(max_new_tokens=4, dtype="fp32", progress=False)
+    out = tmp_path / "r.jsonl"
+    R.regen(str(tiny_folder), prompts(1), 1, out, **kwargs)
+    with open(out, "a") as stream:
+        stream.write("my notes")
+    before = out.read_bytes()
+    with pytest.raises(ConfigError, match="not a regen output"):
+        R.regen(str(tiny_folder), prompts(2), 2, out, **kwargs)
+    assert out.read_bytes() == before

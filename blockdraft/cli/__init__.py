@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from ..assets import AssetError
     from ..data.prompts import PromptError
+    from ..files import disk_error
     from ..train.checkpoint import TrainingError
 
     parser = build_parser()
@@ -50,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ConfigError, AssetError, TrainingError, PromptError) as err:
         print(f"blockdraft {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError) as err:
+        # A write the disk refused (read-only, full) anywhere the writers' own checks do not reach: named,
+        # not a traceback. Any other failure is a bug and keeps its traceback.
+        named = disk_error(err, getattr(err, "filename", None) or "the output")
+        if named is None:
+            raise
+        print(f"blockdraft {args.command}: error: {named}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

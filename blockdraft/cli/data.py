@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .common import deadline, set_threads
 
@@ -78,7 +79,8 @@ def cmd_regen(args: argparse.Namespace) -> int:
               f"it; train with data={args.out})", file=sys.stderr)
     stats = regen(args.target, training_prompts(args.prompts), args.n, args.out, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, batch_size=args.batch_size, seed=args.seed,
-                  max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype, deadline=deadline(args.max_minutes))
+                  max_prompt_tokens=args.max_prompt_tokens, dtype=args.dtype, deadline=deadline(args.max_minutes),
+                  protect=[args.prompts] if Path(args.prompts).exists() else [])
     print(f"regen: {stats.written} rows written to {args.out} ({stats.already_done} already there, "
           f"{stats.too_long} prompts skipped as too long); {stats.completion_tokens} tokens in "
           f"{stats.seconds:.0f} s = {stats.tokens_per_second:.1f} tok/s"

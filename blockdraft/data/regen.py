@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import ConfigError
+from ..files import check_out_file, check_writable, named_disk_errors, sibling_lock
 from .chat import chat_text
 from .prompts import Prompt
 
@@ -52,21 +53,49 @@ def render_chat(tokenizer, user_text: str) -> str:
     return chat_text(tokenizer, [{"role": "user", "content": user_text}])
 
 
+#: every regen row holds these keys; a file whose rows lack them is not regen output and is never touched
+ROW_KEYS = ("id", "conversations", "temperature", "max_new_tokens", "target")
+# `json.dumps(row)` writes the id first, so a row cut off by a kill starts with this
+_ROW_START = b'{"id": '
+
+
+def _is_row(row: object) -> bool:
+    return isinstance(row, dict) and all(key in row for key in ROW_KEYS) and isinstance(row["conversations"], list)
+
+
+def is_regen_output(path: Path) -> bool:
+    """Whether `path` holds regen's own rows: every complete line one, and at most a cut-off row at the end."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    lines = data.splitlines(keepends=True)
+    for number, line in enumerate(lines):
+        if not line.endswith(b"\n"):  # only the last line can lack its newline: a row being written when killed
+            return number == len(lines) - 1 and line.startswith(_ROW_START)
+        try:
+            if not _is_row(json.loads(line)):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
 def read_done(out_jsonl: Path) -> dict[str, dict]:
-    """Rows already written, by id; a truncated last line (a killed run) is cut from the file."""
+    """Rows already written, by id. A last row cut off by a kill (regen's own format, no newline) is
+    dropped from the file; a file holding anything else is refused, never cut (`is_regen_output`)."""
     done: dict[str, dict] = {}
-    if not out_jsonl.exists():
+    if not out_jsonl.exists() or not out_jsonl.stat().st_size:
         return done
-    with open(out_jsonl, "rb") as stream:
-        data = stream.read()
+    if not is_regen_output(out_jsonl):
+        raise ConfigError(f"--out {out_jsonl} holds lines that are not regen rows; it is left as it is: give a "
+                          "new file (an existing one is resumed only when it holds regen's own rows)")
+    data = out_jsonl.read_bytes()
     good_end = 0
     for line in data.splitlines(keepends=True):
-        try:
-            row = json.loads(line)
-        except ValueError:
+        if not line.endswith(b"\n"):
             break
-        if not line.endswith(b"\n") or not isinstance(row, dict) or "id" not in row:
-            break
+        row = json.loads(line)
         done[str(row["id"])] = row
         good_end += len(line)
     if good_end < len(data):
@@ -98,7 +127,7 @@ def _eos_ids(model, tokenizer) -> list[int]:
 def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_jsonl: str | os.PathLike, *,
           max_new_tokens: int = 512, temperature: float = 0.0, batch_size: int = 16, seed: int = 0,
           max_prompt_tokens: int = 1024, dtype: str | torch.dtype = "auto", progress: bool = True,
-          deadline: float | None = None) -> RegenStats:
+          deadline: float | None = None, protect: Sequence[str | os.PathLike] = ()) -> RegenStats:
     """Answer the first `n` usable prompts (first turn only) with the target and append them to `out_jsonl`.
 
     `target` is a model folder or a `blockdraft assets` name. Prompts longer than
@@ -106,11 +135,9 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
     `dtype="auto"` is bf16 where the hardware has it and fp32 elsewhere (`target.batched_dtype`).
     `deadline` (a `time.monotonic()` value) stops before a batch that the previous batch's duration
     says would end after it; at least one batch runs, and a re-run continues where it stopped.
+    `protect`: input files `out_jsonl` must not be (the prompts file); the target's folder always is.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from ..assets import resolve_model
-    from ..target import parse_dtype
 
     for name, value, low in (("n", n, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1),
                              ("max_prompt_tokens", max_prompt_tokens, 1)):
@@ -124,14 +151,27 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
         raise ConfigError(f"--n {n} asks for more conversations than the {len(prompts)} prompts available; "
                           f"lower --n to at most {len(prompts)} or give more prompts")
     started = time.time()
-    out_jsonl = Path(out_jsonl)
-    if out_jsonl.is_dir():
-        raise ConfigError(f"--out {out_jsonl} is a folder; regen appends to a JSONL file: give a file path such as "
-                          f"{out_jsonl / 'regen.jsonl'}")
-    for parent in out_jsonl.absolute().parents:
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"--out {out_jsonl} lies under {parent}, which is a file; give a path inside a folder")
     folder = resolve_model(target)
+    # The same --out rules as every command: never an input (the prompts file, the target's folder), never
+    # a file of other things; checked before any work.
+    out_jsonl = check_out_file(out_jsonl, owned=is_regen_output, what="a regen output (JSONL rows of regen)",
+                               protect=[folder, *protect])
+    check_writable(out_jsonl.parent)
+    with sibling_lock(out_jsonl, what=f"the regen output {out_jsonl}"):
+        return _regen_locked(folder, target, prompts, n, out_jsonl, started=started, max_new_tokens=max_new_tokens,
+                             temperature=temperature, batch_size=batch_size, seed=seed,
+                             max_prompt_tokens=max_prompt_tokens, dtype=dtype, progress=progress, deadline=deadline)
+
+
+def _regen_locked(folder, target, prompts: Sequence[Prompt], n: int, out_jsonl: Path, *, started: float,
+                  max_new_tokens: int, temperature: float, batch_size: int, seed: int, max_prompt_tokens: int,
+                  dtype, progress: bool, deadline: float | None) -> RegenStats:
+    """`regen` once its --out is checked and locked (a second run on the same file is refused, so no
+    conversation is written twice)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..target import parse_dtype
+
     tokenizer = AutoTokenizer.from_pretrained(folder)
 
     selected, too_long = [], 0  # (prompt, rendered text, prompt length)
@@ -170,7 +210,7 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
     generated_tokens, generate_seconds, written = 0, 0.0, 0
     bar = tqdm(total=len(selected), initial=already, desc="regen", unit="conv", disable=not progress)
     last_batch_s, stopped_early = 0.0, False
-    with open(out_jsonl, "a", encoding="utf-8") as out:
+    with named_disk_errors(out_jsonl), open(out_jsonl, "a", encoding="utf-8") as out:
         for start in range(0, len(todo), batch_size):
             if deadline is not None and written and time.monotonic() + last_batch_s > deadline:
                 stopped_early = True

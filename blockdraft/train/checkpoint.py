@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoints import save_drafter
 from ..config import ConfigError, DFlashConfig
-from ..files import write_json_atomic
+from ..files import named_disk_errors, write_json_atomic
 from .config import TrainConfig
 
 
@@ -36,10 +36,11 @@ def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlas
     # The optimizer state goes in through a temporary file so the folder rename stays the commit point.
     # Plain containers, tensors and numbers only: `load_train_state` reads it with weights_only=True.
     staging = out_dir / f".train_state.{step}.pt"
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key(),
-                "data_fingerprint": data_fingerprint}, staging)
-    save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads)
-    os.replace(staging, folder / "train_state.pt")
+    with named_disk_errors(staging, partial=[staging]):  # a full disk: a named error, no half file left
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key(),
+                    "data_fingerprint": data_fingerprint}, staging)
+        save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads)
+        os.replace(staging, folder / "train_state.pt")
     write_json_atomic(out_dir / "latest.json", {"step": step, "path": str(folder.relative_to(out_dir))})
     _prune(out_dir / "checkpoints", keep=config.keep_checkpoints, current=folder)
     return folder
