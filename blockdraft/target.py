@@ -339,6 +339,9 @@ def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: 
         if dtype is not None or device is not None:
             model = model.to(device=device, dtype=parse_dtype(dtype, device) if dtype else None)
         return Target(model)
+    if not isinstance(path_or_model, (str, Path)):
+        raise ConfigError(f"load_target takes a model folder, an asset name, a PreTrainedModel or a Target, got "
+                          f"{path_or_model!r}")
     path = resolve_model_path(path_or_model)
     model = _load_checked(path, dtype=parse_dtype(dtype, device) if dtype else "auto")
     if device is not None:
@@ -350,8 +353,11 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
     """The model at `path`, refusing what transformers would only report: weights missing from the
     checkpoint (initialised at random), unexpected or mis-shaped ones. A tied `lm_head` is not missing."""
     import json
+    import pickle
 
     from safetensors import SafetensorError
+
+    from .sanity import check_finite
 
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -368,7 +374,7 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
                           "the model it drafts for")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError, pickle.UnpicklingError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"could not load a causal LM from {path}: {first}; the folder needs config.json and its "
                           "complete weights (model.safetensors): re-copy or re-download it") from None
@@ -379,7 +385,11 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
         raise ConfigError(f"the weights in {path} do not match its config.json (missing {shown(missing)}, unexpected "
                           f"{shown(unexpected)}, wrong shape {shown(mismatched)}): transformers would fill the missing "
                           "ones at random; re-copy or re-download the complete model")
+    check_finite(model.state_dict(), path)  # a NaN weight would decode <pad> forever with exit 0
     return model
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _load_tokenizer(path: Path):
@@ -389,7 +399,12 @@ def _load_tokenizer(path: Path):
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as err:
+        present = [name for name in TOKENIZER_FILES if (path / name).is_file()]
+        if present:  # the files are there but unreadable: say so, not that they are missing
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"the tokenizer files in {path} ({', '.join(present)}) cannot be read ({first}); they "
+                              "are corrupt: re-copy them from the model's source") from None
         return None
     return tokenizer if len(tokenizer.get_vocab()) > len(tokenizer.all_special_tokens) else None
 

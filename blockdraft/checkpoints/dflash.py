@@ -23,6 +23,7 @@ from torch import nn
 from ..config import ConfigError, DFlashConfig, default_target_layer_ids
 from ..drafters.dflash import DFlashDraftModel, DFlashDrafter
 from ..files import atomic_write_folder
+from ..sanity import check_drafter_file, check_finite  # noqa: F401 (check_finite: re-exported)
 from ..target import Target
 
 CONFIG_NAME = "config.json"
@@ -46,15 +47,6 @@ def remap_keys(state: Mapping[str, torch.Tensor], source: str) -> dict[str, torc
                 break
         out[key] = tensor
     return out
-
-
-def check_finite(state: Mapping[str, torch.Tensor], source: str | Path) -> None:
-    """Refuse NaN/inf weights at load: an all-NaN `fc.weight` still drafts greedily (argmax of NaN is
-    0) and only fails later, at T > 0."""
-    bad = sorted(key for key, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all())
-    if bad:
-        raise ConfigError(f"{source} holds NaN or infinite values in {bad[:6]}{'...' if len(bad) > 6 else ''}: the "
-                          "checkpoint is corrupt or its training diverged; use an earlier checkpoint")
 
 
 def head_prefix(name: str) -> str:
@@ -124,6 +116,7 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
     weights = folder / WEIGHTS_NAME
     if not weights.exists():
         raise ConfigError(f"{weights} is missing: a drafter folder needs config.json and model.safetensors")
+    check_drafter_file(config, weights)  # sizes against the file's header, before anything is built
     try:
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as err:
@@ -171,7 +164,8 @@ def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int =
     if isinstance(rope.get("full_attention"), dict):  # per-layer-type rope (e.g. Gemma 3)
         rope = dict(rope["full_attention"])
     return DFlashConfig(
-        hidden_size=target.hidden_size, intermediate_size=intermediate_size or cfg.intermediate_size,
+        hidden_size=target.hidden_size,
+        intermediate_size=cfg.intermediate_size if intermediate_size is None else intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=heads,
         num_key_value_heads=getattr(cfg, "num_key_value_heads", heads) or heads,
         head_dim=getattr(cfg, "head_dim", None) or target.hidden_size // heads,

