@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 from .checkpoints import init_drafter, load_drafter, save_drafter  # noqa: E402
 from .config import ConfigError, DFlashConfig, SamplingConfig  # noqa: E402
+from .sanity import check_drafter_target  # noqa: E402
 from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
 from .drafters.base import Drafter, NoDrafter, Proposal  # noqa: E402
 from .target import Target, load_target  # noqa: E402
@@ -37,6 +38,8 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
     `num_proposals`: the most tokens proposed per round (None: the drafter's maximum); "measured" cuts each
     round's chain to the length with the most expected tokens per second (`decode/width.py`).
     """
+    if drafter is not None:
+        check_drafter_target(drafter, target)
     if tree_budget is not None:
         from .drafters.tree import as_tree
 
@@ -76,6 +79,8 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
             raise ConfigError(f"{name} is one value for all rows: mixed sampling settings per row are not supported; "
                               "batch the prompts that share settings, one generate_batch call per setting")
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
+    if drafter is not None:
+        check_drafter_target(drafter, target)
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or not len(prompts):
         raise ConfigError("prompts must be a non-empty list of prompts (each a token-id list or a (1, L) tensor)")
     tensors = [_prompt_tensor(prompt) for prompt in prompts]

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -65,21 +66,61 @@ def check_field_types(config: Any) -> None:
             raise ConfigError(f"{spec.name} must be {kinds}, got {value!r}")
 
 
+_INTERVAL = re.compile(r"^([\[(])\s*(\S+)\s*,\s*(\S+)\s*([\])])$")
+_COMPARISONS = {">": lambda v, b: v > b, ">=": lambda v, b: v >= b, "<": lambda v, b: v < b, "<=": lambda v, b: v <= b}
+
+
+def in_range(value: float, spec: str) -> bool:
+    """`spec` is a comparison (`> 0`, `>= 1`) or an interval (`[0, 1)`, `(0, 1]`, `[2, 256]`)."""
+    match = _INTERVAL.match(spec)
+    if match:
+        opening, low, high, closing = match.groups()
+        above = value >= float(low) if opening == "[" else value > float(low)
+        below = value <= float(high) if closing == "]" else value < float(high)
+        return above and below
+    operator, bound = spec.split()
+    return _COMPARISONS[operator](value, float(bound))
+
+
+def check_ranges(config: Any, specs: Mapping[str, str], *, prefix: str = "") -> None:
+    """Each named numeric field lies in its range (`in_range`; None passes: nullable fields mean "the
+    default"), so a sign error (`grad_clip=-1` would train by gradient ascent) is refused at construction,
+    not met as a silently wrong run. Run `check_field_types` first: the values are numbers then."""
+    for name, spec in specs.items():
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not in_range(value, spec):
+            words = f"in {spec}" if _INTERVAL.match(spec) else spec
+            raise ConfigError(f"{prefix}{name} must be {words}, got {value!r}")
+
+
+# Sane bounds for a drafter's sizes: a corrupt config.json must be refused before it builds a million layers
+# or allocates an MLP of 10^9 rows (the released drafters are far inside them).
+MAX_BLOCK_SIZE = 256
+MAX_DRAFT_LAYERS = 128
+MAX_WIDTH = 1 << 20  # hidden, intermediate, heads x head_dim
+MAX_VOCAB = 1 << 23
+
+
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """DFlash's default (Chen, Liang and Liu 2026): one draft layer -> [N // 2]; else evenly spaced over
     [1, N - 3], rounded.
 
-    N=36, 5 layers -> (1, 9, 17, 25, 33).
+    N=36, 5 layers -> (1, 9, 17, 25, 33). On targets too shallow for that rule (N <= 3) an id is capped at
+    N - 2, the last valid one (the final layer's output is post-norm), so the default is always valid.
     """
     if num_target_layers < 2:
         raise ConfigError(f"a target needs at least 2 decoder layers to feed a drafter, got {num_target_layers}")
     if num_draft_layers < 1:
         raise ConfigError(f"a drafter needs at least 1 layer, got {num_draft_layers}")
+    last_valid = num_target_layers - 2
     if num_draft_layers == 1:
-        return (num_target_layers // 2,)
+        return (min(num_target_layers // 2, last_valid),)
     first, last = 1, max(1, num_target_layers - 3)
     span = last - first
-    return tuple(int(round(first + span * i / (num_draft_layers - 1))) for i in range(num_draft_layers))
+    return tuple(min(int(round(first + span * i / (num_draft_layers - 1))), last_valid)
+                 for i in range(num_draft_layers))
 
 
 @dataclass(frozen=True)
@@ -125,12 +166,23 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         check_field_types(self)
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.block_size < 2:
-            raise ConfigError(f"block_size must be >= 2 (an anchor plus at least one prediction), got {self.block_size}")
+        width = f"[1, {MAX_WIDTH}]"
+        check_ranges(self, {"hidden_size": width, "intermediate_size": width, "head_dim": width,
+                            "num_hidden_layers": f"[1, {MAX_DRAFT_LAYERS}]", "num_attention_heads": width,
+                            "num_key_value_heads": width, "vocab_size": f"[1, {MAX_VOCAB}]",
+                            "num_target_layers": ">= 1", "rms_norm_eps": "> 0", "max_position_embeddings": ">= 1"})
+        if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ConfigError(f"block_size must be in [2, {MAX_BLOCK_SIZE}] (an anchor plus at least one prediction; "
+                              f"DFlash uses 16), got {self.block_size}")
+        if self.num_attention_heads * self.head_dim > MAX_WIDTH:
+            raise ConfigError(f"num_attention_heads x head_dim = {self.num_attention_heads * self.head_dim} exceeds "
+                              f"{MAX_WIDTH}; the config is corrupt")
+        if not isinstance(self.rope_parameters, Mapping):
+            raise ConfigError(f"rope_parameters must be an object such as {{\"rope_type\": \"default\", \"rope_theta\": "
+                              f"1000000.0}}, got {self.rope_parameters!r}; the config is corrupt")
+        theta = self.rope_parameters.get("rope_theta", 1e6)
+        if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not theta > 0:
+            raise ConfigError(f"rope_parameters.rope_theta must be a number > 0, got {theta!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -248,6 +300,9 @@ class DFlashConfig:
             raise ConfigError(f"config.json is missing required fields {missing}")
         rope = raw.get("rope_parameters") or {}
         if not rope:
+            if not isinstance(raw.get("rope_scaling") or {}, Mapping):
+                raise ConfigError(f"config.json: rope_scaling must be an object, got {raw['rope_scaling']!r}; the "
+                                  "checkpoint is corrupt")
             rope = dict(raw.get("rope_scaling") or {})
             rope.setdefault("rope_type", rope.pop("type", "default"))
             rope["rope_theta"] = raw.get("rope_theta", 1e6)

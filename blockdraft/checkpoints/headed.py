@@ -30,6 +30,9 @@ def load_drafter(path: str | Path, target: Target | str) -> Drafter:
     """
     from ..shipped import resolve_drafter
 
+    if target is None or path is None:
+        raise ConfigError("load_drafter(path, target) needs the drafter's folder (or shipped name) and the target it "
+                          "drafts for; for plain decoding pass drafter=None to generate instead")
     target = load_target(target)
     path = resolve_drafter(path)
     model = load_drafter_model(path, dtype=target.dtype, device=target.device)

@@ -47,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..train.checkpoint import TrainingError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # `train --config R --resume max_steps=6`: overrides written after a flag are still overrides
+        if hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except (ConfigError, AssetError, TrainingError, PromptError) as err:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import time
+from pathlib import Path
 
 import torch
 
@@ -13,7 +16,7 @@ from ..config import ConfigError
 def set_threads(threads: int | None) -> None:
     """`--threads N`: torch's CPU threads (None: torch's default)."""
     if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
+        raise ConfigError(f"--threads must be >= 1 (or left out for torch's default), got {threads}")
     if threads:
         torch.set_num_threads(threads)
 
@@ -27,8 +30,13 @@ def setup_torch(args: argparse.Namespace) -> torch.device:
 
 
 def deadline(minutes: float | None) -> float | None:
-    """`--max-minutes` as a `time.monotonic()` deadline."""
-    return None if minutes is None else time.monotonic() + 60 * minutes
+    """`--max-minutes` as a `time.monotonic()` deadline; a negative or non-finite value is refused (it
+    used to stop at once, as if 0)."""
+    if minutes is None:
+        return None
+    if not (math.isfinite(minutes) and minutes >= 0):
+        raise ConfigError(f"--max-minutes must be a number of minutes >= 0, got {minutes}; leave it out for no limit")
+    return time.monotonic() + 60 * minutes
 
 
 def parse_layer_ids(text: str | None, flag: str = "--target-layer-ids") -> tuple[int, ...] | None:
@@ -57,3 +65,26 @@ def tree_budget_arg(text: str) -> int | str:
 def add_overwrite_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --out even if it holds something other than an earlier output of this kind")
+
+
+def input_folder(name_or_path: str | None) -> Path | None:
+    """The folder a command reads a model from (an asset name resolved once fetched), to keep --out off it;
+    None when there is none to protect."""
+    if not name_or_path:
+        return None
+    if Path(name_or_path).expanduser().exists():
+        return Path(name_or_path).expanduser()
+    from ..assets import AssetError
+    from ..target import resolve_model_path
+
+    try:
+        return resolve_model_path(name_or_path)
+    except (AssetError, ConfigError):
+        return None  # not fetched: the command names that itself
+
+
+def method_paths(methods: list[str]) -> list[Path]:
+    """Existing files and folders named inside bench method strings (`dflash:DIR,tree=32`,
+    `hybrid:lookup=C.jsonl+dflash=DIR`): inputs that --out must not be."""
+    pieces = {piece for method in methods for piece in re.split(r"[:,=+]", method) if piece}
+    return [Path(piece).expanduser() for piece in sorted(pieces) if Path(piece).expanduser().exists()]

@@ -8,19 +8,25 @@ import json
 from pathlib import Path
 
 from ..config import ConfigError
-from .common import deadline, set_threads, tree_budget_arg
+from .common import deadline, input_folder, method_paths, set_threads, tree_budget_arg
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..eval.bench import RESULTS, BenchConfig, run_bench
+    from ..files import check_location
 
+    stop_at = deadline(args.max_minutes)  # refused before any work when negative
+    # --out is never a folder the run reads (the target's, a drafter's), whatever --overwrite says
+    check_location(args.out, replaced=False,
+                   protect=[input_folder(args.target), *method_paths(args.method),
+                            *(Path(d.partition("=")[2]) for d in args.dataset if "=" in d)])
     config = BenchConfig(target=args.target, methods=tuple(args.method), datasets=tuple(args.dataset), n=args.n,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                          top_k=args.top_k, block_sizes=tuple(args.block_size) if args.block_size else None,
                          dtype=args.dtype, threads=args.threads, device=args.device, seed=args.seed,
                          record_q=not args.no_record_q,
                          batch_sizes=tuple(args.batch_size) if args.batch_size else None)
-    run_bench(config, args.out, overwrite=args.overwrite, deadline=deadline(args.max_minutes))
+    run_bench(config, args.out, overwrite=args.overwrite, deadline=stop_at)
     print(f"results: {Path(args.out) / RESULTS}\nreport:  {Path(args.out) / 'report.md'}")
     return 0
 

@@ -9,7 +9,8 @@ import sys
 import torch
 
 from ..config import ConfigError
-from .common import setup_torch, tree_budget_arg
+from ..files import read_text
+from .common import set_threads, setup_torch, tree_budget_arg
 
 
 def _load_pair(args: argparse.Namespace, device: torch.device):
@@ -24,8 +25,12 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
     if getattr(args, "lookup", False) or getattr(args, "lookup_corpus", None):
         from ..drafters.lookup import CorpusIndex, LookupDrafter
 
-        corpus = CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer) if args.lookup_corpus else None
-        branches = args.lookup_branches or (4 if tree is not None else 1)
+        if args.lookup_branches is not None and args.lookup_branches < 1:
+            raise ConfigError(f"--lookup-branches must be >= 1 (distinct continuations per round), got "
+                              f"{args.lookup_branches}")
+        corpus = (CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer, vocab_size=target.vocab_size)
+                  if args.lookup_corpus else None)
+        branches = args.lookup_branches if args.lookup_branches is not None else (4 if tree is not None else 1)
         sources.append(LookupDrafter(_fixed_proposals(args) or 10, min_ngram=getattr(args, "lookup_min_ngram", 1),
                                      max_ngram=max(3, getattr(args, "lookup_min_ngram", 1)), max_branches=branches,
                                      corpus=corpus))
@@ -43,6 +48,9 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
     if len(sources) > 1 and tree is None and not fallback:
         raise ConfigError(f"several drafters ({', '.join(labels)}) are merged into one draft tree: add --tree N or "
                           "--tree measured (or --fallback to use the first that proposes), or pass one of them")
+    if not sources and getattr(args, "num_proposals", None) is not None:
+        raise ConfigError(f"--num-proposals {args.num_proposals} sets what a drafter proposes per round, and no "
+                          "drafter is given: add --drafter, --draft-model or --lookup, or drop --num-proposals")
     if tree is not None or fallback:
         from ..drafters.tree import TreeDrafter
 
@@ -80,11 +88,8 @@ def read_batch_file(path: str, args: argparse.Namespace) -> list[tuple[str, str]
     A row may repeat the sampling settings only with the flags' values: every row shares one
     temperature/top-p/top-k, so differing settings are refused rather than silently overridden.
     """
-    try:
-        # "\n" only: str.splitlines would also break rows at U+2028 and friends inside JSON strings
-        lines = open(path, encoding="utf-8").read().split("\n")
-    except OSError as err:
-        raise ConfigError(f"--batch-file {path}: cannot read it ({err.strerror})") from None
+    # "\n" only: str.splitlines would also break rows at U+2028 and friends inside JSON strings
+    lines = read_text(path, what="--batch-file").split("\n")
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -171,6 +176,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from ..quickstart import run_quickstart
+
+    set_threads(args.threads)  # refuses --threads -1 before anything is fetched
 
     report = run_quickstart(args.out, budget=args.budget, target=args.target, draft_model=args.draft_model,
                             train_prompts=args.train_prompts, dataset=args.dataset, threads=args.threads,

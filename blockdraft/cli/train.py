@@ -14,7 +14,7 @@ import torch
 from ..config import ConfigError
 from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT
 from ..train.local_head import LocalHeadTrainConfig
-from .common import add_overwrite_flag, deadline, parse_layer_ids, set_threads
+from .common import add_overwrite_flag, deadline, input_folder, parse_layer_ids, set_threads
 
 
 def cmd_init_drafter(args: argparse.Namespace) -> int:
@@ -39,8 +39,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..train.config import TrainConfig
     from ..train.loop import train
 
+    stop_at = deadline(args.max_minutes)
     config = TrainConfig.load(args.config, args.overrides)
-    final = train(config, resume=args.resume, deadline=deadline(args.max_minutes), overwrite=args.overwrite)
+    final = train(config, resume=args.resume, deadline=stop_at, overwrite=args.overwrite)
     print(f"drafter written to {final}")
     return 0
 
@@ -66,6 +67,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..shipped import resolve_drafter, shipped_names
 
     args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
+    if args.consumer == "llama.cpp":  # a GGUF file written by llama.cpp's converter (engines/llamacpp_export.py)
+        from ..engines.llamacpp_export import export_drafter_gguf
+
+        if not args.target:
+            raise ConfigError("--for llama.cpp needs --target (the converter reads the target's tokenizer)")
+        notes, facts = export_drafter_gguf(args.drafter, args.target, args.out, outtype=args.outtype,
+                                           drop_attention_bias=args.drop_attention_bias, overwrite=args.overwrite)
+        for note in notes:
+            print(f"note: {note}")
+        print(f"wrote {args.out} for llama.cpp: llama-server -m TARGET.gguf -md {args.out} --spec-type "
+              f"{facts['spec_type']} --spec-draft-n-max {facts['max_drafts']}")
+        return 0
     if not Path(args.drafter).is_dir():
         raise ConfigError(f"drafter folder {args.drafter} does not exist (shipped drafters by name: {shipped_names()})")
     check_out_dir(args.out, "drafter", overwrite=args.overwrite,
@@ -234,6 +247,9 @@ def add_export(sub) -> None:
                         "and for drafters that do not record their embedding scale")
     p.add_argument("--full-vocab", action="store_true",
                    help="zlab/sglang: export a reduced-vocabulary drafter anyway, drafting over every token")
+    p.add_argument("--drop-attention-bias", action="store_true",
+                   help="llama.cpp: export a drafter with q/k/v/o biases anyway, without them (its drafts change)")
+    p.add_argument("--outtype", default="f32", choices=("f32", "f16", "bf16"), help="llama.cpp: GGUF tensor type")
     p.set_defaults(func=cmd_export)
 
 
@@ -296,8 +312,7 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
     from ..train.config import TrainConfig
     from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if args.config:
         config = TrainConfig.load(args.config, args.overrides)
         flags = [name for name in ("target", "data", "layers", "topk") if getattr(args, name) is not None]
@@ -315,6 +330,8 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
                              cache_topk=DEFAULT_CACHE_TOPK if args.topk is None else args.topk,
                              target_dtype=args.dtype, device=args.device)
     config = dataclasses.replace(config, features="cached")
+    if args.out or config.feature_cache:
+        _check_cache_out(args.out or config.feature_cache, config)
     cache, report = build_cache(config, out=args.out, logprob_dtype=LOGPROB_DTYPES[args.logprob_dtype],
                                 report_block_size=args.report_block_size, from_recipe=bool(args.config))
     print(f"cache-features: {cache.out_dir} holds {len(cache)} sequences, target layers {cache.layer_ids}"
@@ -331,6 +348,19 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
             print(json.dumps(report))
     print(f"train with: features=cached feature_cache={cache.out_dir}")
     return 0
+
+
+def _check_cache_out(out: str, config) -> None:
+    """The README's --out rules for a feature cache, before the target pass: never the target's folder or
+    the data file, never a folder of other files (an earlier cache, with its index, is resumed)."""
+    from ..files import LOCK_NAME, check_location
+    from ..train.features import INDEX_FILE
+
+    folder = check_location(out, replaced=False, protect=[input_folder(config.target), config.data])
+    if folder.is_dir() and not (folder / INDEX_FILE).is_file() and \
+            any(entry.name != LOCK_NAME for entry in folder.iterdir()):
+        raise ConfigError(f"--out {folder} is not empty and holds other files, not an earlier feature cache; give a "
+                          "new or empty folder")
 
 
 def add_cache_features(sub) -> None:

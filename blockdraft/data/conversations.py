@@ -20,7 +20,6 @@ how the target met them: the prompt tokenized whole, the answer generated token 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..config import ConfigError
+from ..files import read_text
 from .anchors import valid_anchor_positions
 from .chat import chat_text
 
@@ -73,9 +73,7 @@ def load_conversations(path: str | os.PathLike) -> list[list[Message]]:
     if not path.is_file():
         raise ConversationError(f"{path} does not exist; pass the JSONL written by `blockdraft regen` or a "
                                 f"ShareGPT-style JSON/JSONL file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as stream:
-        text = stream.read()
+    text = read_text(path, what="conversations file")
     is_array = text.lstrip().startswith("[")
     records = _array_records(text, path) if is_array else _jsonl_records(text, path)
     conversations, empty = [], 0

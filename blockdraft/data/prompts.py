@@ -12,13 +12,14 @@ answer back before sending the next turn.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+from ..files import read_text
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
@@ -131,9 +132,7 @@ def read_rows(path: str | Path) -> list[dict]:
         return _read_saved_dataset(path)
     if not path.is_file():
         raise PromptError(f"{path} does not exist; pass a JSONL file or a datasets.save_to_disk folder")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as stream:
-        text = stream.read()
+    text = read_text(path, what="prompt file")
     if path.name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
         rows = json.loads(text)
     else:
@@ -266,7 +265,7 @@ def load_sharegpt(path: str | Path | None = None, *, n: int | None = None, code_
     if path is None:
         from ..assets import path as asset_path
         path = asset_path("sharegpt")
-    text = Path(path).read_text(encoding="utf-8")
+    text = read_text(path, what="ShareGPT file")
     prompts, seen_ids, seen_texts = [], set(), set()
     for index, record in enumerate(iter_json_array(text)):
         if not isinstance(record, dict):

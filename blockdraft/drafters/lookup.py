@@ -14,6 +14,7 @@ usual min(1, p/q) rule and trees by the tree walk: both lossless.
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..decode.tree import TreeBuilder
+from ..files import read_text
 from .base import Proposal
 
 MAX_NGRAM = 16
@@ -39,17 +41,26 @@ class CorpusIndex:
     Documents are stored back to back with -1 between them, so no n-gram or continuation crosses one.
     """
 
-    def __init__(self, documents: list[list[int]], *, min_ngram: int = 1, max_ngram: int = 3):
+    def __init__(self, documents: list[list[int]], *, min_ngram: int = 1, max_ngram: int = 3,
+                 vocab_size: int | None = None):
         _check_ngrams(min_ngram, max_ngram)
-        if not documents:
-            raise ConfigError("the lookup corpus holds no text")
+        if not isinstance(documents, (list, tuple)):
+            raise ConfigError(f"a lookup corpus is a list of documents (lists of token ids), got "
+                              f"{type(documents).__name__}")
         pieces = []
-        for doc in documents:
+        for number, doc in enumerate(documents):
+            _check_ids(doc, vocab_size, f"lookup corpus document {number}")
             pieces.extend(doc)
             pieces.append(-1)
+        if len(pieces) == len(documents):  # only separators: no document holds a token
+            raise ConfigError("the lookup corpus holds no text (every document is empty)")
+        self.vocab_size = vocab_size
         self.tokens = np.asarray(pieces, dtype=np.int64)
         self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for n in range(min_ngram, max_ngram + 1):
+            if len(self.tokens) - 1 < n:  # the corpus is shorter than this n-gram and its continuation
+                self.tables[n] = (np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64))
+                continue
             starts = np.arange(len(self.tokens) - n, dtype=np.int64)  # an n-gram and at least one token after it
             windows = np.lib.stride_tricks.sliding_window_view(self.tokens[:-1], n)[:len(starts)]
             valid = (windows >= 0).all(axis=1) & (self.tokens[starts + n] >= 0)
@@ -58,24 +69,27 @@ class CorpusIndex:
             self.tables[n] = (hashes[order], starts[valid][order])
 
     @classmethod
-    def from_jsonl(cls, path: str | Path, tokenizer, *, min_ngram: int = 1, max_ngram: int = 3) -> "CorpusIndex":
-        """Rows with `token_ids`, `text`, or `conversations` / `messages` (each message's content)."""
+    def from_jsonl(cls, path: str | Path, tokenizer, *, min_ngram: int = 1, max_ngram: int = 3,
+                   vocab_size: int | None = None) -> "CorpusIndex":
+        """Rows with `token_ids`, `text`, or `conversations` / `messages` (each message's content);
+        `vocab_size` (the target's) refuses token ids the target does not have."""
         path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"lookup corpus {path} does not exist; give a JSONL file of text or conversations")
         documents: list[list[int]] = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ConfigError(f"lookup corpus {path} is not JSONL: line {number}: {err.msg}") from None
-                documents.extend(_documents(row, tokenizer, f"{path}:{number}"))
-        if not documents:
+        for number, line in enumerate(read_text(path, what="lookup corpus").split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"lookup corpus {path} is not JSONL: line {number}: {err.msg}") from None
+            for document in _documents(row, tokenizer, f"{path} line {number}"):
+                _check_ids(document, vocab_size, f"{path} line {number}")
+                documents.append(document)
+        if not any(documents):
             raise ConfigError(f"lookup corpus {path} has no rows with token_ids, text or conversations")
-        return cls(documents, min_ngram=min_ngram, max_ngram=max_ngram)
+        return cls(documents, min_ngram=min_ngram, max_ngram=max_ngram, vocab_size=vocab_size)
 
     def continuations(self, pattern: list[int], depth: int, limit: int) -> list[list[int]]:
         """Up to `limit` distinct continuations (at most `depth` tokens) of the n-gram `pattern`."""
@@ -108,6 +122,17 @@ def _hash_rows(rows: np.ndarray) -> np.ndarray:
     return hashes
 
 
+def _check_ids(ids, vocab_size: int | None, where: str) -> None:
+    """A document is a list of token ids in the target's vocabulary: an id beyond it would be proposed
+    and fail inside the target's embedding."""
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                     and t >= 0 for t in ids):
+        raise ConfigError(f"{where}: token ids must be a list of non-negative integers")
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        raise ConfigError(f"{where}: token id {max(ids)} is outside the target's vocabulary of {vocab_size} ids; "
+                          "the corpus was tokenised for another model")
+
+
 def _documents(row, tokenizer, where: str) -> list[list[int]]:
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: a lookup corpus row must be a JSON object, got {type(row).__name__}")
@@ -120,6 +145,8 @@ def _documents(row, tokenizer, where: str) -> list[list[int]]:
     if isinstance(row.get("text"), str):
         texts.append(row["text"])
     for key in ("conversations", "messages"):
+        if not isinstance(row.get(key) or [], list):
+            raise ConfigError(f"{where}: {key} must be a list of {{role, content}} messages, got {row[key]!r}")
         for message in row.get(key) or []:
             if isinstance(message, dict):
                 content = message.get("content", message.get("value"))

@@ -113,7 +113,9 @@ def _options(kind: str, arg: str, known: dict[str, tuple[str, ...] | None]) -> t
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or key not in known:
-            raise ConfigError(f"{kind} option {part!r} is not one of {', '.join(f'{k}=...' for k in known)}")
+            split = (f"; a comma separates options, so the path {head + ',' + part!r} was split at its comma: "
+                     "rename or symlink that folder to a name without one") if not sep else ""
+            raise ConfigError(f"{kind} option {part!r} is not one of {', '.join(f'{k}=...' for k in known)}{split}")
         allowed = known[key]
         if allowed is not None and value not in allowed:
             raise ConfigError(f"{kind} option {key} takes {' or '.join(allowed)}, got {value!r}")
@@ -377,7 +379,8 @@ class HFRunner:
 
 def _lookup(target: Target, corpus: str | None, options: dict[str, str], tree: bool) -> LookupDrafter:
     max_ngram, min_ngram = int(options.get("ngram", 3)), int(options.get("min_ngram", 1))
-    index = CorpusIndex.from_jsonl(corpus, target.tokenizer, min_ngram=min_ngram, max_ngram=max_ngram) if corpus else None
+    index = CorpusIndex.from_jsonl(corpus, target.tokenizer, min_ngram=min_ngram, max_ngram=max_ngram,
+                                   vocab_size=target.vocab_size) if corpus else None
     branches = int(options.get("branches", DEFAULT_TREE_BRANCHES if tree else 1))
     return LookupDrafter(int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)), min_ngram=min_ngram, max_ngram=max_ngram,
                          max_branches=branches, corpus=index)

@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, check_field_types
+from ..files import read_text
+from ..config import MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS, ConfigError, check_field_types, check_ranges
 
 FEATURE_MODES = ("online", "cached")
 DEFAULT_CACHE_TOPK = 32
+
+
+#: the range of every numeric field (`config.check_ranges`; null passes where the field allows it)
+RANGES = {
+    "max_length": ">= 1", "num_layers": f"[1, {MAX_DRAFT_LAYERS}]", "intermediate_size": ">= 1",
+    "block_size": f"[2, {MAX_BLOCK_SIZE}]", "draft_vocab_size": ">= 1", "gamma": "> 0", "alpha": "[0, 1]",
+    "topk": ">= 1", "alpha_f": ">= 0", "alpha_c": ">= 0", "l2r_gamma": "> 0",
+    "domino_lambda_start": "[0, 1]", "domino_lambda_end": "[0, 1]", "domino_anneal_ratio": "(0, 1]",
+    "lr": "> 0", "warmup_ratio": "[0, 1)", "max_steps": ">= 1", "grad_clip": "> 0", "grad_accum": ">= 1",
+    "sequences_per_step": ">= 1", "num_anchors": ">= 1", "weight_decay": ">= 0", "seed": ">= 0",
+    "cache_topk": ">= 0", "threads": ">= 1", "heldout": ">= 0", "train_conversations": ">= 1",
+    "eval_every": ">= 1", "eval_anchors": ">= 1", "save_every": ">= 1", "log_every": ">= 1",
+    "keep_checkpoints": ">= 1",
+}
 
 
 @dataclass(frozen=True)
@@ -108,23 +124,7 @@ class TrainConfig:
         object.__setattr__(self, "heads", normalise_heads(self.heads))
         if not isinstance(self.train_backbone, bool):
             raise ConfigError(f"train_backbone must be true or false, got {self.train_backbone!r}")
-        if self.block_size < 2:
-            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
-        positive = ("max_length", "num_layers", "max_steps", "grad_accum", "sequences_per_step", "num_anchors",
-                    "save_every", "log_every", "keep_checkpoints", "eval_every", "eval_anchors")
-        for name in positive:
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.intermediate_size is not None and self.intermediate_size < 1:
-            raise ConfigError(f"intermediate_size must be >= 1 (or null for the target's), got {self.intermediate_size}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
-        if self.train_conversations is not None and int(self.train_conversations) < 1:
-            raise ConfigError(f"train_conversations must be >= 1 (or null for all), got {self.train_conversations}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        check_ranges(self, RANGES)
         if self.autocast_bf16 not in (True, False, "auto"):
             raise ConfigError(f"autocast_bf16 must be true, false or \"auto\", got {self.autocast_bf16!r}")
         from ..target import DTYPES
@@ -156,8 +156,9 @@ class TrainConfig:
                 if name == self.objective:
                     raise ConfigError(f"objective_terms repeats the objective {name!r}, which is already the primary "
                                       f"term with weight 1; drop it from objective_terms")
-                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
-                    raise ConfigError(f"objective_terms[{name!r}] must be a number, got {weight!r}")
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < math.inf:
+                    raise ConfigError(f"objective_terms[{name!r}] must be a finite number >= 0 (a negative weight "
+                                      f"trains away from the term), got {weight!r}")
             if self.heads:
                 raise ConfigError("objective_terms compose backbone objectives; with heads the head objective "
                                   f"{self.objective} sets the loss: drop objective_terms or the heads")
@@ -219,12 +220,14 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> "TrainConfig":
+        if not Path(path).is_file():
+            raise ConfigError(f"recipe {path} does not exist")
         try:
-            raw = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"recipe {path} does not exist") from None
+            raw = json.loads(read_text(path, what="recipe"))
         except json.JSONDecodeError as err:
             raise ConfigError(f"recipe {path} is not valid JSON: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"recipe {path} must hold a JSON object of field: value, got a {type(raw).__name__}")
         raw.pop("_comment", None)
         return cls.from_dict(apply_overrides(raw, overrides))
 

@@ -83,7 +83,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     # The run writes its own files into out_dir and never replaces the folder itself; it must not be
     # the target's folder, whose files it would mix with its own.
     out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir", replaced=False,
-                            protect=[config.target if Path(config.target).is_dir() else None])
+                            protect=[config.target if Path(config.target).is_dir() else None, config.drafter_init])
     if not dist_info.is_main:
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -207,9 +207,9 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
 def _new_drafter(config: TrainConfig, target: Target, data: TrainingData, dist_info: Distributed) -> DFlashDrafter:
     """A fresh drafter, its draft vocabulary (if reduced) counted on the training conversations."""
     draft_vocab = None
-    if config.draft_vocab_size and config.draft_vocab_size >= target.vocab_size and dist_info.is_main:
-        print(f"draft vocabulary: {config.draft_vocab_size} >= the target's {target.vocab_size}; using the "
-              "full vocabulary", flush=True)
+    if config.draft_vocab_size and config.draft_vocab_size > target.vocab_size:
+        raise ConfigError(f"draft_vocab_size={config.draft_vocab_size} exceeds the target's vocabulary of "
+                          f"{target.vocab_size} tokens; give a smaller size, or null for the full vocabulary")
     if config.draft_vocab_size and config.draft_vocab_size < target.vocab_size:
         eos = [t for t in target.eos_token_ids() if t < target.vocab_size]
         # Counted on the training conversations only: the held-out ones must not shape the drafter.
