@@ -374,7 +374,12 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
                           "the model it drafts for")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError, pickle.UnpicklingError) as err:
+    except Exception as err:  # noqa: BLE001 -- narrowed just below
+        # A corrupt folder surfaces as whatever transformers / huggingface_hub raise (a config contradicting
+        # itself is a StrictDataclassClassValidationError); anything else is a bug and keeps its traceback.
+        known = (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError, pickle.UnpicklingError)
+        if not isinstance(err, known) and not type(err).__module__.startswith(("transformers", "huggingface_hub")):
+            raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"could not load a causal LM from {path}: {first}; the folder needs config.json and its "
                           "complete weights (model.safetensors): re-copy or re-download it") from None

@@ -1,6 +1,7 @@
 """Bad CLI input, table-driven: every case exits 2 with `blockdraft <command>: error: ...`, no traceback,
 and leaves every file that was there before untouched."""
 
+import argparse
 import hashlib
 import json
 import shutil
@@ -156,6 +157,68 @@ def _results(records):
     return json.dumps({"schema": "blockdraft-bench/1", "config": {}, "records": records}).encode()
 
 
+def poisoned_target(key, value):
+    """A copy of the target with one weight holding NaN or inf (its finite siblings untouched)."""
+    def setup(base, sandbox):
+        folder = _copy_target(base, sandbox, "bad-target")
+        state = load_file(str(folder / "model.safetensors"))
+        state[key] = state[key].clone()
+        state[key].view(-1)[3] = value
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return {}
+    return setup
+
+
+def non_utf8(name, row):
+    """`name` in the sandbox: one JSON row whose text holds the byte 0xff (not UTF-8)."""
+    def setup(base, sandbox):
+        (sandbox / name).write_bytes(json.dumps(row).encode().replace(b"XX", b"\xff") + b"\n")
+        return {}
+    return setup
+
+
+def sandbox_file(name, content: str):
+    def setup(base, sandbox):
+        (sandbox / name).write_text(content)
+        return {}
+    return setup
+
+
+def victim_symlink(base, sandbox):
+    (sandbox / "link").symlink_to(_victim(sandbox))
+    return {}
+
+
+def two_layer_config_target(base, sandbox):
+    """A target whose config.json contradicts itself and its weights (layers edited from 4 to 2)."""
+    folder = _copy_target(base, sandbox, "edited-target")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 2
+    (folder / "config.json").write_text(json.dumps(config))
+    return {}
+
+
+def pickled_target(base, sandbox):
+    """A target folder holding only a pickled pytorch_model.bin (safe to refuse, never to run)."""
+    folder = _copy_target(base, sandbox, "pickled-target")
+    # an object weights_only loading refuses (a real attack would reduce to os.system)
+    torch.save({"state": load_file(str(folder / "model.safetensors")), "extra": argparse.Namespace(x=1)},
+               folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return {}
+
+
+def corrupt_tokenizer(base, sandbox):
+    folder = _copy_target(base, sandbox, "mute-target")
+    (folder / "tokenizer.json").write_text("{garbage")
+    return {}
+
+
+def comma_drafter(base, sandbox):
+    shutil.copytree(base / "drafter", sandbox / "my,drafter")
+    return {}
+
+
 def long_prompt(base, sandbox):
     (sandbox / "long.jsonl").write_text(
         json.dumps({"task_id": "T/short", "prompt": "w1 w2"}) + "\n"
@@ -258,6 +321,125 @@ CASES = [
     ("bench-out-under-file", out_dir_file,
      ["bench", "--target", "{target}", "--method", "ar", "--dataset", "humaneval={base}/he.jsonl",
       "--out", "{sandbox}/notes.txt/bench"], ["is a file"]),
+]
+
+# The reliability probe of 2026-11-25 (../shared/reports/reliability-2026-11-25.md), one row per case.
+BAD_DATA = {"conversations": [{"role": "user", "content": "w1 XX"}, {"role": "assistant", "content": "w2 w3"}]}
+CACHE = ["cache-features", "--target", "{target}", "--data", "{base}/data.jsonl", "--dtype", "fp32", "--block-size",
+         "4", "--max-length", "96"]
+BENCH = ["bench", "--target", "{target}", "--dtype", "fp32", "--max-new-tokens", "4", "--dataset",
+         "humaneval={base}/he.jsonl", "--n", "1"]
+LOOKUP = GEN + ["--lookup", "--lookup-corpus", "{sandbox}/c.jsonl"]
+CASES += [
+    # (d) harmful: a NaN/inf target weight decoded <pad> with exit 0
+    ("gen-target-nan-weight", poisoned_target("model.layers.0.mlp.down_proj.weight", float("nan")),
+     ["generate", "--target", "{sandbox}/bad-target", "--prompt", "w1", "--dtype", "fp32"], ["NaN", "down_proj"]),
+    ("gen-target-inf-lmhead", poisoned_target("lm_head.weight", float("inf")),
+     ["generate", "--target", "{sandbox}/bad-target", "--prompt", "w1", "--dtype", "fp32"], ["lm_head.weight"]),
+    ("bench-target-nan", poisoned_target("model.layers.0.mlp.down_proj.weight", float("nan")),
+     ["bench", "--target", "{sandbox}/bad-target", "--method", "ar", "--dataset", "humaneval={base}/he.jsonl",
+      "--dtype", "fp32", "--max-new-tokens", "4", "--out", "{sandbox}/b"], ["NaN"]),
+    # (d) values that silently trained the wrong thing
+    ("train-grad-clip-neg", no_setup, TRAIN + ["grad_clip=-1"], ["grad_clip", "> 0"]),
+    ("train-terms-neg-weight", no_setup, TRAIN + ['objective_terms={{"kl": -1.0}}'], ["objective_terms", ">= 0"]),
+    # (d) + (c) a drafter config.json trusted before any check: a hang, a 128 GB allocation
+    ("gen-drafter-config-huge-layers", drafter_config(lambda c: json.dumps({**c, "num_hidden_layers": 1000000})),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["num_hidden_layers"]),
+    ("gen-drafter-config-more-layers", drafter_config(lambda c: json.dumps({**c, "num_hidden_layers": 3})),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["holds 1 draft layer", "num_hidden_layers=3"]),
+    ("gen-drafter-config-huge-mlp", drafter_config(lambda c: json.dumps({**c, "intermediate_size": 1000000000})),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["intermediate_size"]),
+    ("gen-drafter-config-huge-mlp-float", drafter_config(lambda c: json.dumps({**c, "intermediate_size": 1e9})),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["intermediate_size"]),
+    ("gen-drafter-config-wider-mlp", drafter_config(lambda c: json.dumps({**c, "intermediate_size": 96})),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["mlp.gate_proj.weight", "config.json implies"]),
+    ("gen-drafter-rope-string", drafter_config(lambda c: json.dumps({**c, "rope_parameters": "fast"})),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["rope_parameters"]),
+    # (d) --out rules: never the target's folder, a folder of other files, or the input drafter
+    ("cache-out-target", no_setup, CACHE + ["--out", "{target}"], ["reads from"]),
+    ("cache-out-in-target", no_setup, CACHE + ["--out", "{target}/features"], ["reads from"]),
+    ("cache-out-victim", victim, CACHE + ["--out", "{sandbox}/victim"], ["not empty"]),
+    ("cache-out-symlink-victim", victim_symlink, CACHE + ["--out", "{sandbox}/link"], ["not empty"]),
+    ("bench-out-target", no_setup, BENCH + ["--method", "ar", "--out", "{target}", "--overwrite"], ["reads from"]),
+    ("bench-out-drafter", no_setup, BENCH + ["--method", "dflash:{base}/drafter", "--out", "{base}/drafter",
+                                            "--overwrite"], ["reads from"]),
+    ("train-out-dir-is-drafter-init", no_setup,
+     ["train", "--config", "{base}/recipe.json", "out_dir={base}/drafter", "drafter_init={base}/drafter",
+      "--overwrite"], ["reads from"]),
+    # (c) non-UTF-8 input files: the file and line named
+    ("gen-lookup-corpus-not-utf8", non_utf8("c.jsonl", {"text": "w1 XX"}), LOOKUP, ["UTF-8", "line 1"]),
+    ("gen-batch-file-not-utf8", non_utf8("p.jsonl", {"prompt": "w1 XX"}),
+     ["generate", "--target", "{target}", "--batch-file", "{sandbox}/p.jsonl", "--dtype", "fp32"], ["UTF-8"]),
+    ("train-data-not-utf8", non_utf8("bad.jsonl", BAD_DATA), TRAIN + ["data={sandbox}/bad.jsonl"], ["UTF-8"]),
+    ("cache-data-not-utf8", non_utf8("bad.jsonl", BAD_DATA),
+     ["cache-features", "--target", "{target}", "--data", "{sandbox}/bad.jsonl", "--dtype", "fp32",
+      "--block-size", "4", "--max-length", "96", "--out", "{sandbox}/c"], ["UTF-8"]),
+    ("train-local-head-data-not-utf8", non_utf8("bad.jsonl", BAD_DATA),
+     ["train-local-head", "--target", "{target}", "--data", "{sandbox}/bad.jsonl", "--out", "{sandbox}/h"],
+     ["UTF-8"]),
+    ("bench-dataset-not-utf8", non_utf8("he.jsonl", {"task_id": "T/0", "prompt": "def f(x):\n    w1 XX"}),
+     ["bench", "--target", "{target}", "--method", "ar", "--dataset", "humaneval={sandbox}/he.jsonl",
+      "--dtype", "fp32", "--out", "{sandbox}/b"], ["UTF-8"]),
+    ("regen-prompts-not-utf8", non_utf8("p.jsonl", {"prompt": "w1 XX"}),
+     ["regen", "--target", "{target}", "--prompts", "{sandbox}/p.jsonl", "--n", "1", "--out", "{sandbox}/r.jsonl"],
+     ["UTF-8"]),
+    # (c) lookup corpora: malformed rows, ids the target does not have
+    ("gen-lookup-corpus-conversations-int", sandbox_file("c.jsonl", '{"conversations": 5}\n'), LOOKUP,
+     ["conversations"]),
+    ("gen-lookup-corpus-ids-outside-vocab", sandbox_file("c.jsonl", '{"token_ids": [5, 99999]}\n'), LOOKUP,
+     ["99999", "vocabulary"]),
+    ("gen-lookup-corpus-ids-negative", sandbox_file("c.jsonl", '{"token_ids": [5, -2]}\n'), LOOKUP,
+     ["non-negative"]),
+    # (c) config fields and files of the wrong kind
+    ("train-weight-decay-neg", no_setup, TRAIN + ["weight_decay=-5"], ["weight_decay"]),
+    ("train-recipe-list", sandbox_file("list.json", "[1, 2]"), ["train", "--config", "{sandbox}/list.json"],
+     ["JSON object"]),
+    ("train-recipe-not-utf8", sandbox_file("r.json", ""), ["train", "--config", "{base}/missing.json"],
+     ["does not exist"]),
+    ("train-data-gz-not-gzip", sandbox_file("plain.jsonl.gz", '{"conversations": []}\n'),
+     TRAIN + ["data={sandbox}/plain.jsonl.gz"], ["gzip"]),
+    ("train-warmup-ratio-one", no_setup, TRAIN + ["warmup_ratio=1"], ["warmup_ratio"]),
+    ("train-alpha-above-one", no_setup, TRAIN + ["alpha=1.5"], ["alpha"]),
+    ("train-domino-lambda", no_setup, TRAIN + ["domino_lambda_start=2"], ["domino_lambda_start"]),
+    ("train-seed-negative", no_setup, TRAIN + ["seed=-1"], ["seed"]),
+    ("train-cache-topk-negative", no_setup, TRAIN + ["cache_topk=-1"], ["cache_topk"]),
+    ("train-num-layers-huge", no_setup, TRAIN + ["num_layers=1000000"], ["num_layers"]),
+    ("train-objective-terms-list", no_setup, TRAIN + ["objective_terms=[1]"], ["objective_terms"]),
+    # (c) --threads -1 on every command that takes it
+    ("cache-threads-negative", no_setup, CACHE + ["--threads", "-1", "--out", "{sandbox}/c"], ["--threads"]),
+    ("regen-threads-negative", no_setup, REGEN + ["--n", "1", "--threads", "-1", "--out", "{sandbox}/r.jsonl"],
+     ["--threads"]),
+    ("bench-threads-negative", no_setup, BENCH + ["--method", "ar", "--threads", "-1", "--out", "{sandbox}/b"],
+     ["--threads"]),
+    ("train-local-head-threads-negative", no_setup,
+     ["train-local-head", "--target", "{target}", "--data", "{base}/data.jsonl", "--out", "{sandbox}/h",
+      "--threads", "-1"], ["--threads"]),
+    ("demo-threads-negative", no_setup, ["demo", "--threads", "-1"], ["--threads"]),
+    ("quickstart-threads-negative", no_setup, ["quickstart", "--out", "{sandbox}/q", "--threads", "-1", "--no-fetch"],
+     ["--threads"]),
+    # (c) corrupt model folders
+    ("gen-target-config-contradicts-weights", two_layer_config_target,
+     ["generate", "--target", "{sandbox}/edited-target", "--prompt", "w1", "--dtype", "fp32"], ["edited-target"]),
+    ("gen-target-pickle-only", pickled_target,
+     ["generate", "--target", "{sandbox}/pickled-target", "--prompt", "w1", "--dtype", "fp32"], ["pickled-target"]),
+    # (b) values silently replaced, flags ignored, misleading words
+    ("gen-lookup-branches-0", no_setup, GEN + ["--lookup", "--lookup-branches", "0"], ["--lookup-branches"]),
+    ("gen-num-proposals-without-drafter", no_setup, GEN + ["--num-proposals", "measured"], ["--num-proposals"]),
+    ("bench-comma-in-drafter-path", comma_drafter,
+     BENCH + ["--method", "dflash:{sandbox}/my,drafter", "--out", "{sandbox}/b"], ["comma", "my,drafter"]),
+    ("gen-corrupt-tokenizer", corrupt_tokenizer,
+     ["generate", "--target", "{sandbox}/mute-target", "--prompt", "w1", "--dtype", "fp32"], ["corrupt"]),
+    ("init-intermediate-size-0", no_setup, INIT + ["--intermediate-size", "0", "--out", "{sandbox}/d"],
+     ["intermediate_size"]),
+    ("init-block-size-huge", no_setup, INIT + ["--block-size", "100000", "--out", "{sandbox}/d"], ["block_size"]),
+    ("train-draft-vocab-0", no_setup, TRAIN + ["draft_vocab_size=0"], ["draft_vocab_size"]),
+    ("train-draft-vocab-above-vocab", no_setup, TRAIN + ["draft_vocab_size=100000"], ["draft_vocab_size", "exceeds"]),
+    ("train-heldout-negative", no_setup, TRAIN + ["heldout=-3"], ["heldout"]),
+    ("train-max-minutes-negative", no_setup, TRAIN + ["--max-minutes", "-1"], ["--max-minutes"]),
+    ("bench-max-minutes-negative", no_setup, BENCH + ["--method", "ar", "--max-minutes", "-1", "--out", "{sandbox}/b"],
+     ["--max-minutes"]),
+    ("regen-max-minutes-negative", no_setup,
+     REGEN + ["--n", "1", "--max-minutes", "-1", "--out", "{sandbox}/r.jsonl"], ["--max-minutes"]),
 ]
 if not torch.cuda.is_available():
     CASES.append(("train-device-cuda", no_setup, TRAIN + ["device=cuda"], ["cuda"]))
