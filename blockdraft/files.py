@@ -289,18 +289,27 @@ def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, o
         raise
 
 
-def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> None:
-    """Write `text` to a hidden sibling, then rename it over `path` (readers never see half a file)."""
+def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a hidden sibling, which is then renamed over `path`: readers never see half a
+    file, and a failed write (a full disk) leaves neither a partial nor a 0-byte `path` behind."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial")
     with named_disk_errors(path, partial=[tmp]):
         path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+
+
+def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> None:
+    """Write `text` through `write_atomic` (with `fsync`, flushed to the disk before the rename)."""
+    def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as stream:
             stream.write(text)
             if fsync:
                 stream.flush()
                 os.fsync(stream.fileno())
-        os.replace(tmp, path)
+
+    write_atomic(path, write)
 
 
 def write_json_atomic(path: str | Path, payload: Any, *, fsync: bool = False, **dumps: Any) -> None:

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Mapping
 
-from ..files import write_text_atomic
+from ..files import write_atomic, write_text_atomic
 from . import metrics as M
 
 PLOTS = ("tau.png", "speedup.png", "acceptance.png", "tau_vs_k.png")
@@ -320,7 +320,7 @@ def draw_plots(results: Mapping, out_dir: Path) -> list[str]:
             ax.axhline(1.0, color="black", linewidth=0.8)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110)
+        write_atomic(out_dir / name, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
         written.append(name)
 
@@ -346,7 +346,7 @@ def draw_plots(results: Mapping, out_dir: Path) -> list[str]:
             ax.set_ylim(0, 1.02)
         axes[0].legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out_dir / "acceptance.png", dpi=110)
+        write_atomic(out_dir / "acceptance.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
         written.append("acceptance.png")
 
@@ -364,7 +364,7 @@ def draw_plots(results: Mapping, out_dir: Path) -> list[str]:
         ax.set_ylabel("tau")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out_dir / "tau_vs_k.png", dpi=110)
+        write_atomic(out_dir / "tau_vs_k.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
         written.append("tau_vs_k.png")
     for name in PLOTS:
