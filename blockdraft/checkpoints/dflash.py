@@ -2,7 +2,9 @@
 
 Our module names equal the released key names (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`,
 `hidden_norm.weight`, `norm.weight`, no prefix; `{q,k,v,o}_proj.bias` when `attention_bias`), so the
-DFlash key map is the identity. Imports of
+DFlash key map is the identity; DFlash 2 adds `layers.{i}.{attention,mlp}_conv.{base_kernel,
+kernel_projection.weight}` and `candidate_selector.{hidden_projection.weight,predecessor_codebook,
+successor_codebook}` (the codebooks without `.weight`, as released). Imports of
 other layouts rename keys through `KEY_MAPS`, one table per source format. Saving is atomic: a
 temporary folder is renamed into place, so an interrupted save never leaves a half checkpoint.
 """
@@ -27,6 +29,7 @@ from ..sanity import check_drafter_file, check_finite  # noqa: F401 (check_finit
 from ..target import Target
 
 CONFIG_NAME = "config.json"
+ARCHES = ("dflash", "dflash2")
 WEIGHTS_NAME = "model.safetensors"
 
 #: source format -> list of (their prefix, our prefix); the first matching prefix wins.
@@ -136,12 +139,29 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
         raise ConfigError(f"{weights} does not match its config.json: missing {missing[:6]}"
                           f"{'...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
                           f"{'...' if len(unexpected) > 6 else ''}")
+    check_selector_vocabulary(model, state, weights)
     for key, tensor in state.items():
         want = model.state_dict()[key].shape
         if tensor.shape != want:
             raise ConfigError(f"{weights}: tensor {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(want)}")
     model.load_state_dict(state, strict=False)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def check_selector_vocabulary(model: DFlashDraftModel, state: Mapping[str, torch.Tensor], source: str | Path) -> None:
+    """DFlash 2's codebooks hold one row per token the selector can pick: the target's vocabulary (or the
+    draft vocabulary of a reduced drafter). Other rows mean a selector trained for another vocabulary."""
+    selector = model.candidate_selector
+    if selector is None:
+        return
+    want = selector.predecessor_codebook.shape[0]
+    for name in ("predecessor_codebook", "successor_codebook"):
+        tensor = state.get(f"candidate_selector.{name}")
+        if tensor is not None and tensor.ndim == 2 and tensor.shape[0] != want:
+            vocabulary = "draft vocabulary" if model.config.draft_vocab_size else "vocabulary"
+            raise ConfigError(f"{source}: candidate_selector.{name} has {tensor.shape[0]} rows but the selector picks "
+                              f"from a {want}-token {vocabulary} (config.json): it was trained for another "
+                              "vocabulary; use the selector that belongs to this target")
 
 
 def default_mask_token_id(target: Target) -> int:
@@ -154,8 +174,20 @@ def default_mask_token_id(target: Target) -> int:
 
 def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int = 16,
                        target_layer_ids: tuple[int, ...] | None = None, mask_token_id: int | None = None,
-                       intermediate_size: int | None = None, draft_vocab_size: int | None = None) -> DFlashConfig:
-    """A fresh drafter config shaped for `target` (DFlash's defaults)."""
+                       intermediate_size: int | None = None, draft_vocab_size: int | None = None,
+                       arch: str = "dflash", conv_kernel_size: int = 2, conv_group_size: int = 16,
+                       selector_rank: int | None = 256, selector_top_k: int | None = 16) -> DFlashConfig:
+    """A fresh drafter config shaped for `target` (DFlash's defaults).
+
+    `arch="dflash2"`: DFlash 2 (convolution taps `conv_kernel_size`, one dynamic tap per `conv_group_size`
+    channels; the candidate selector of rank `selector_rank` over each slot's `selector_top_k` candidates,
+    None for none). The DFlash 2 release uses 2, 16, 256 and 16."""
+    if arch not in ARCHES:
+        raise ConfigError(f"arch must be one of {ARCHES}, got {arch!r}")
+    dflash2 = {}
+    if arch == "dflash2":
+        dflash2 = dict(conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
+                       selector_top_k=None if selector_rank is None else selector_top_k)
     cfg = target.config
     heads = cfg.num_attention_heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {"rope_type": "default",
@@ -176,6 +208,7 @@ def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int =
         rope_parameters=rope, draft_vocab_size=draft_vocab_size,
         attention_bias=target.model.model.layers[0].self_attn.q_proj.bias is not None,
         input_embedding_scale=target.input_embedding_scale, final_logit_softcapping=target.softcap or None,
+        **dflash2,
     )
 
 

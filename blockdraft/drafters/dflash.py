@@ -5,6 +5,10 @@ pre-norm Qwen3 layers. Queries come from the block only; keys/values are the lay
 projections of the fused target context followed by the block itself, with no mask inside the
 block. The target's LM head turns the block's hidden states into draft logits.
 
+DFlash 2 is this drafter with two parts composed in (`dflash2.py`): a block convolution around every
+attention and MLP sublayer (`layers.{i}.attention_conv`, `layers.{i}.mlp_conv`) and, optionally, the
+candidate selector (`candidate_selector`) that picks each slot's token among its top candidates.
+
 Module names equal the released checkpoint keys, so `state_dict()` is the released format.
 """
 
@@ -23,6 +27,7 @@ from ..config import ConfigError, DFlashConfig, SamplingConfig
 from ..decode.sampling import choose
 from ..target import Target
 from .base import Proposal
+from .dflash2 import BlockConv, CandidateSelector
 from .dflash_rows import DFlashRows
 
 
@@ -127,11 +132,24 @@ class DFlashLayer(nn.Module):
         self.mlp = DFlashMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # DFlash 2: a block convolution around each sublayer; DFlash 1 has none.
+        self.attention_conv = self.mlp_conv = None
+        if config.is_dflash2:
+            with torch.random.fork_rng(devices=[]):  # no draw from the seed: the backbone stays DFlash 1's
+                self.attention_conv = BlockConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+                self.mlp_conv = BlockConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
 
-    def forward(self, block, context, block_rope, context_rope, cache, layer_index, attention_mask):
-        block = block + self.self_attn(self.input_layernorm(block), context, block_rope, context_rope, cache,
-                                       layer_index, attention_mask)
-        return block + self.mlp(self.post_attention_layernorm(block))
+    def forward(self, block, context, block_rope, context_rope, cache, layer_index, attention_mask,
+                block_length: int | None = None):
+        def attention(x):
+            return self.self_attn(x, context, block_rope, context_rope, cache, layer_index, attention_mask)
+
+        block = block + _around(self.attention_conv, attention, self.input_layernorm(block), block_length)
+        return block + _around(self.mlp_conv, self.mlp, self.post_attention_layernorm(block), block_length)
+
+
+def _around(conv: BlockConv | None, sublayer, x: torch.Tensor, block_length: int | None) -> torch.Tensor:
+    return sublayer(x) if conv is None else conv.around(sublayer, x, block_length)
 
 
 class VocabMap(nn.Module):
@@ -150,6 +168,9 @@ class VocabMap(nn.Module):
         t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=self.d2t.device)
         t2d[self.d2t] = torch.arange(self.d2t.numel(), device=self.d2t.device)
         return t2d
+
+
+DFLASH2_PARTS = ("candidate_selector",)
 
 
 class DFlashDraftModel(nn.Module):
@@ -171,24 +192,32 @@ class DFlashDraftModel(nn.Module):
                                   rope_parameters=dict(config.rope_parameters))
         self.rotary_emb = Qwen3RotaryEmbedding(rope_config)
         self.vocab_map = VocabMap(config.draft_vocab_size) if config.draft_vocab_size else None
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
+        self.candidate_selector = None
+        if config.has_selector:  # over the draft vocabulary when there is one (its logits' columns)
+            with torch.random.fork_rng(devices=[]):
+                self.candidate_selector = CandidateSelector(config.hidden_size, config.draft_vocab_size or config.vocab_size,
+                                                            config.selector_rank, config.selector_top_k)
+        for name, module in self.named_modules():
+            # DFlash 2's parts keep their own initialisation (the identity convolution, a silent selector),
+            # so a seed gives the same backbone with or without them.
+            if isinstance(module, nn.Linear) and not name.startswith(DFLASH2_PARTS) and "_conv." not in name:
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        if self.candidate_selector is not None:
+            self.candidate_selector.reset_parameters()
 
     def forward(self, block_embeds: torch.Tensor, context_features: torch.Tensor, block_positions: torch.Tensor,
                 context_positions: torch.Tensor, cache: ContextCache | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, block_length: int | None = None) -> torch.Tensor:
         """Draft hidden states for a block.
 
         block_embeds (N, T, H): target embeddings of [anchor, MASK, ...];
         context_features (N, C, n*H): raw target features of the context positions not yet cached;
         block_positions (N, T) / context_positions (N, C): absolute positions for RoPE;
-        attention_mask (N, 1, T, C_total + T) boolean, None = every query sees everything.
+        attention_mask (N, 1, T, C_total + T) boolean, None = every query sees everything;
+        block_length: the T slots hold blocks of this many slots side by side (training; None = one block),
+        which DFlash 2's convolution never reads across.
         Returns final-normed hidden states (N, T, H) for the target LM head.
         """
         context = self.hidden_norm(self.fc(context_features.to(self.fc.weight.dtype)))  # (N, C, H)
@@ -196,7 +225,7 @@ class DFlashDraftModel(nn.Module):
         block_rope = self.rotary_emb(block, block_positions)
         context_rope = self.rotary_emb(block, context_positions)
         for index, layer in enumerate(self.layers):
-            block = layer(block, context, block_rope, context_rope, cache, index, attention_mask)
+            block = layer(block, context, block_rope, context_rope, cache, index, attention_mask, block_length)
         return self.norm(block)
 
 
@@ -215,7 +244,7 @@ class DFlashDrafter:
         self.first_predicting_slot = 1 if config.layout == "dflash" else 0
         self.cache: ContextCache | None = None
         self.pending: torch.Tensor | None = None  # (1, m, F) target features not yet in the cache
-        self.head = DraftHead(target, model.vocab_map)
+        self.head = DraftHead(target, model.vocab_map, config.output_multiplier)
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
         self.cache = ContextCache(self.config.num_hidden_layers)
@@ -259,8 +288,22 @@ class DFlashDrafter:
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        logits = self.draft_block_logits(ids, min(num_proposals, self.max_proposals))
-        tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
+        with torch.inference_mode():
+            hidden = self.draft_block_hidden(ids, min(num_proposals, self.max_proposals))  # (k, H)
+            return self.proposal(hidden, self.head(hidden), int(ids[0, -1]), sampling, generator)
+
+    @torch.inference_mode()
+    def proposal(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, sampling: SamplingConfig,
+                 generator: torch.Generator | None) -> Proposal:
+        """The chain drafted from one block's hidden (k, H) and logits (k, V_draft) after `anchor` (target id):
+        the per-slot choice, or DFlash 2's candidate selector walking the block from the anchor. `logits`
+        stay the per-slot marginals (DDTree expands them)."""
+        selector = self.model.candidate_selector
+        if selector is None:
+            tokens, q_draft = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
+        else:
+            tokens, q_draft = selector.walk(hidden, logits, self.head.to_draft_id(anchor), sampling, generator,
+                                            argmax=sampling.draft_argmax)
         return Proposal(tokens=self.head.to_target_ids(tokens), q_draft=self.head.to_target_probs(q_draft),
                         logits=logits, logit_token_ids=self.head.logit_token_ids, slot_marginals=True)
 
@@ -273,19 +316,28 @@ class DFlashDrafter:
 class DraftHead:
     """The target's frozen LM head, restricted to the draft vocabulary when there is one."""
 
-    def __init__(self, target: Target, vocab_map: VocabMap | None):
+    def __init__(self, target: Target, vocab_map: VocabMap | None, output_multiplier: float | None = None):
         self.target = target
         self.vocab_map = vocab_map
         self.vocab_size = target.vocab_size
         self.weight = None
-        if vocab_map is not None:
-            self.weight = target.lm_head.weight[vocab_map.d2t.to(target.lm_head.weight.device)].detach()  # (Vd, H)
+        # DFlash 2 may scale the draft logits before the soft-cap (`dflash_config.output_multiplier`).
+        self.multiplier = None if output_multiplier in (None, 1.0) else float(output_multiplier)
+        if vocab_map is not None or self.multiplier is not None:
+            weight = target.lm_head.weight
+            self.weight = (weight if vocab_map is None else weight[vocab_map.d2t.to(weight.device)]).detach()  # (Vd, H)
+            self.bias = getattr(target.lm_head, "bias", None)
+            if self.bias is not None:
+                self.bias = (self.bias if vocab_map is None else self.bias[vocab_map.d2t.to(weight.device)]).detach()
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., H) -> (..., V_draft) logits; V_draft = V without a vocabulary map."""
         if self.weight is None:
             return self.target.logits_from_hidden(hidden)
-        logits = F.linear(hidden, self.weight.to(hidden.dtype))
+        logits = F.linear(hidden, self.weight.to(hidden.dtype),
+                          None if self.bias is None else self.bias.to(hidden.dtype))
+        if self.multiplier is not None:
+            logits = logits * self.multiplier
         if self.target.softcap:
             logits = torch.tanh(logits / self.target.softcap) * self.target.softcap
         return logits
@@ -294,6 +346,13 @@ class DraftHead:
     def logit_token_ids(self) -> torch.Tensor | None:
         """(V_draft,) target id of each logits column; None without a vocabulary map."""
         return None if self.vocab_map is None else self.vocab_map.d2t
+
+    def to_draft_id(self, target_id: int) -> int:
+        """A target id's draft id; -1 when the draft vocabulary lacks it."""
+        if self.vocab_map is None:
+            return target_id
+        found = (self.vocab_map.d2t == target_id).nonzero()
+        return int(found[0]) if found.numel() else -1
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.vocab_map is None else self.vocab_map.d2t[draft_ids]

@@ -23,7 +23,6 @@ from typing import Sequence
 import torch
 
 from ..config import SamplingConfig
-from ..decode.sampling import choose
 from .base import Proposal
 
 
@@ -133,6 +132,12 @@ class DFlashRows:
                            budgets: Sequence[int]) -> torch.Tensor:
         """One drafter pass for the given rows (each ids (1, L_r), up to k_i = budgets[i] proposals, some
         k_i >= 1); returns (R, max k, V_draft) logits, row i's first k_i meaningful. Rows not given leave."""
+        return self.draft_block(rows, ids, budgets)[1]
+
+    @torch.inference_mode()
+    def draft_block(self, rows: Sequence[int], ids: Sequence[torch.Tensor],
+                    budgets: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draft_block_logits` with the final hidden states: ((R, max k, H), (R, max k, V_draft))."""
         drafter, config = self.drafter, self.drafter.config
         self._keep(rows)
         cache, device = self.cache, ids[0].device
@@ -173,7 +178,8 @@ class DFlashRows:
         rows_count, k, size = hidden.shape[0], block_len - first, hidden.shape[2]
         # One (R*k, H) matrix for the head: a 3-D non-contiguous input sends F.linear to a batched matmul
         # that copies the (V_draft, H) weight once per row (measured 30 ms a round at batch 4 on the CPU).
-        return drafter.head(hidden[:, first:].reshape(rows_count * k, size)).view(rows_count, k, -1)
+        hidden = hidden[:, first:]
+        return hidden, drafter.head(hidden.reshape(rows_count * k, size)).view(rows_count, k, -1)
 
     def propose(self, rows: Sequence[int], ids: Sequence[torch.Tensor], budgets: Sequence[int],
                 sampling: SamplingConfig, generators: Sequence[torch.Generator | None]) -> list[Proposal]:
@@ -182,14 +188,13 @@ class DFlashRows:
         if not any(budgets):
             return [Proposal.empty(one.device) for one in ids]
         limits = [min(budget, self.drafter.max_proposals) for budget in budgets]
-        logits = self.draft_block_logits(rows, ids, limits)
-        head, proposals = self.drafter.head, []
+        hidden, logits = self.draft_block(rows, ids, limits)
+        proposals = []
         for index, k in enumerate(limits):
             if k == 0:
                 proposals.append(Proposal.empty(ids[index].device))
                 continue
-            row_logits = logits[index, :k]  # (k, V_draft)
-            tokens, q_draft = choose(row_logits, sampling, generators[index], argmax=sampling.draft_argmax)
-            proposals.append(Proposal(tokens=head.to_target_ids(tokens), q_draft=head.to_target_probs(q_draft),
-                                      logits=row_logits, logit_token_ids=head.logit_token_ids, slot_marginals=True))
+            # (k, H) and (k, V_draft): the row's own chain, as its batch-1 drafter would choose it
+            proposals.append(self.drafter.proposal(hidden[index, :k], logits[index, :k], int(ids[index][0, -1]),
+                                                   sampling, generators[index]))
         return proposals

@@ -21,7 +21,8 @@ def block_hidden(model: nn.Module, target: Target, features: torch.Tensor, block
         embeds = target.embed_tokens(blocks.block_ids.reshape(1, -1))  # (1, n*B, H)
     mask = block_attention_mask(blocks.anchors, seq_len, block_size)  # (1, 1, n*B, S + n*B)
     context_positions = torch.arange(seq_len, device=features.device)[None]
-    hidden = model(embeds, features, blocks.positions.reshape(1, -1), context_positions, attention_mask=mask)
+    hidden = model(embeds, features, blocks.positions.reshape(1, -1), context_positions, attention_mask=mask,
+                   block_length=block_size)  # DFlash 2's convolution stays inside each block
     return hidden.view(n, block_size, -1)
 
 
