@@ -1,6 +1,7 @@
 """Nothing a user owns is deleted, no checkpoint runs code, bad weights and data are refused by name,
 and reports do not claim a speedup the measurements cannot carry."""
 
+import errno
 import json
 import os
 import shutil
@@ -326,3 +327,176 @@ def test_quickstart_summary_says_when_the_drafter_accepted_nothing(root, tmp_pat
     path = write_summary(tmp_path, results, {"prompt": "T/0", "tokens": 6, "identical": True}, 60.0)
     summary = path.read_text()
     assert "accepted nothing" in summary and "timing noise" in summary and "rests on 1 prompt(s)" in summary
+
+
+# ------------------------------------------------------------------ the 2026-11-25 probe: API, disks, defaults
+
+
+def test_a_drafter_object_for_another_target_is_a_named_error(root, tmp_path):
+    """generate/generate_batch used to fail inside a matmul or an index (a raw RuntimeError / IndexError)."""
+    narrow = load_target(root / "target", dtype="fp32")
+    wide = load_target(save_tiny_chat_model(tmp_path / "wide", hidden_size=64, num_layers=4), dtype="fp32")
+    drafter = init_drafter(narrow, block_size=4)
+    prompt = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ConfigError, match="built for another target.*hidden_size 32 vs 64"):
+        blockdraft.generate(wide, drafter, prompt, max_new_tokens=4)
+    with pytest.raises(ConfigError, match="built for another target"):
+        blockdraft.generate_batch(wide, drafter, [prompt, prompt], max_new_tokens=4)
+    with pytest.raises(ConfigError, match="built for another target"):
+        blockdraft.generate(wide, drafter, prompt, max_new_tokens=4, tree_budget=4)
+    assert len(blockdraft.generate(narrow, drafter, prompt, max_new_tokens=4).tokens) == 4
+
+
+def test_load_drafter_without_a_target_is_a_named_error(root, tmp_path):
+    save_drafter(init_drafter(load_target(root / "target", dtype="fp32"), block_size=4).model, tmp_path / "d")
+    with pytest.raises(ConfigError, match=r"load_drafter\(path, target\)"):
+        load_drafter(tmp_path / "d", None)
+    with pytest.raises(ConfigError, match="load_target takes"):
+        load_target(None)
+
+
+def test_lookup_corpus_index_refuses_empty_and_foreign_documents():
+    from blockdraft.drafters.lookup import CorpusIndex
+
+    with pytest.raises(ConfigError, match="holds no text"):
+        CorpusIndex([[]])
+    with pytest.raises(ConfigError, match="non-negative integers"):
+        CorpusIndex([[1, "2"]])
+    with pytest.raises(ConfigError, match="outside the target's vocabulary"):
+        CorpusIndex([[1, 2, 500]], vocab_size=328)
+    index = CorpusIndex([[7], [], [1, 2, 3, 1, 2, 4]])  # a one-token document is shorter than every n-gram
+    assert sorted(index.continuations([1, 2], 2, 4)) == [[3, 1], [4]]
+
+
+def test_target_with_a_nan_weight_is_refused_at_load(root, tmp_path):
+    folder = _target_copy(root, tmp_path, "nan")
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="NaN or infinite.*down_proj"):
+        load_target(folder, dtype="fp32")
+
+
+def test_a_drafter_config_is_checked_against_its_file_before_building(root, tmp_path, monkeypatch):
+    """A million layers in config.json is refused by bound and by the file's header, with no layer built."""
+    from blockdraft.drafters import dflash as dflash_module
+
+    target = load_target(root / "target", dtype="fp32")
+    save_drafter(init_drafter(target, block_size=4).model, tmp_path / "d")
+    raw = json.loads((tmp_path / "d" / "config.json").read_text())
+    built = []
+    monkeypatch.setattr(dflash_module.DFlashDraftModel, "__init__",
+                        lambda self, *a, **k: built.append(1) or (_ for _ in ()).throw(AssertionError("built")))
+    for changes, words in (({"num_hidden_layers": 1000000}, "num_hidden_layers"),
+                           ({"num_hidden_layers": 4}, "holds 1 draft layer"),
+                           ({"intermediate_size": 10 ** 9}, "intermediate_size"),
+                           ({"intermediate_size": 48}, "config.json implies")):
+        (tmp_path / "d" / "config.json").write_text(json.dumps({**raw, **changes}))
+        with pytest.raises(ConfigError, match=words):
+            load_drafter(tmp_path / "d", target)
+    assert not built
+
+
+def test_default_layer_ids_are_valid_on_a_two_layer_target(tmp_path, capsys):
+    """The default used to pick the final layer (post-norm) of a 2-layer target and then refuse it."""
+    folder = save_tiny_chat_model(tmp_path / "t2", hidden_size=32, num_layers=2)
+    assert main(["init-drafter", "--target", str(folder), "--block-size", "4", "--dtype", "fp32",
+                 "--out", str(tmp_path / "d")]) == 0
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [0]
+    drafter = init_drafter(load_target(folder, dtype="fp32"), num_layers=2, block_size=4)
+    assert max(drafter.config.target_layer_ids) == 0
+
+
+def test_overrides_after_resume_are_overrides(root, tmp_path, capsys):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(config(root, tmp_path / "run", max_steps=2, save_every=1).to_dict()))
+    assert main(["train", "--config", str(recipe), "max_steps=1"]) == 0
+    assert main(["train", "--config", str(recipe), "--resume", "max_steps=2"]) == 0
+    assert json.loads((tmp_path / "run" / "latest.json").read_text())["step"] == 2
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(recipe), "--resume", "--bogus"])
+
+
+def test_a_read_only_output_is_refused_before_any_work(root, tmp_path, monkeypatch, capsys):
+    """As root a chmod cannot make a folder read-only, so os.access answers as on a read-only mount."""
+    from blockdraft import files
+
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(files.os, "access",
+                        lambda path, mode: False if str(path).startswith(str(locked)) else real_access(path, mode))
+    target = str(root / "target")
+    (tmp_path / "he.jsonl").write_text(json.dumps({"task_id": "T/0", "prompt": "w1 w2"}) + "\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
+    commands = [
+        ["init-drafter", "--target", target, "--block-size", "4", "--out", f"{locked}/d"],
+        ["train", "--config", str(_recipe(root, tmp_path)), f"out_dir={locked}/run"],
+        ["bench", "--target", target, "--method", "ar", "--dataset", f"humaneval={tmp_path / 'he.jsonl'}",
+         "--dtype", "fp32", "--out", f"{locked}/b"],
+        ["cache-features", "--target", target, "--data", str(root / "data.jsonl"), "--block-size", "4",
+         "--max-length", "96", "--dtype", "fp32", "--out", f"{locked}/c"],
+        ["regen", "--target", target, "--prompts", str(tmp_path / "p.jsonl"), "--n", "1", "--out",
+         f"{locked}/r.jsonl"],
+    ]
+    for argv in commands:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        assert "cannot be written" in capsys.readouterr().err, argv
+    assert list(locked.iterdir()) == []
+
+
+def _recipe(root, tmp_path):
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(config(root, tmp_path / "unused", max_steps=1).to_dict()))
+    return path
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_is_a_named_error_and_leaves_no_partial_files(root, tmp_path, monkeypatch, capsys):
+    import safetensors.torch
+
+    from blockdraft.files import write_json_atomic
+    from blockdraft.train import checkpoint
+
+    # a checkpoint's optimizer state: torch.save writes part of the file, then the disk is full
+    def partial_save(obj, path, *args, **kwargs):
+        open(path, "wb").write(b"PK\x03\x04 half")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", partial_save)
+    assert main(["train", "--config", str(_recipe(root, tmp_path)), f"out_dir={tmp_path / 'run'}"]) == 2
+    assert "the disk is full" in capsys.readouterr().err
+    assert not list((tmp_path / "run").glob(".train_state.*"))
+    monkeypatch.undo()
+    # a drafter's weights (export, init-drafter): safetensors reports the OS error in its own exception
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda *a, **k: (_ for _ in ()).throw(
+        safetensors.SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                    "message: \"No space left on device\" })")))
+    from blockdraft.checkpoints import dflash as dflash_checkpoints
+
+    monkeypatch.setattr(dflash_checkpoints, "save_file", safetensors.torch.save_file)
+    assert main(["init-drafter", "--target", str(root / "target"), "--block-size", "4",
+                 "--out", str(tmp_path / "d")]) == 2
+    assert "the disk is full" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() and not list(tmp_path.glob(".d.*"))
+    # results.json and plots: no `.results.json.partial`, no 0-byte file
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    with pytest.raises(ConfigError, match="the disk is full"):
+        write_json_atomic(tmp_path / "results.json", {"a": 1}, fsync=True)
+    assert list(tmp_path.glob("*results.json*")) == []
+
+
+def test_a_disk_error_anywhere_else_is_named_by_the_cli(root, tmp_path, monkeypatch, capsys):
+    from blockdraft.data import regen as regen_module
+
+    monkeypatch.setattr(regen_module, "regen", lambda *a, **k: (_ for _ in ()).throw(
+        OSError(errno.EROFS, "Read-only file system", str(tmp_path / "r.jsonl"))))
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "w1 w2"}) + "\n")
+    assert main(["regen", "--target", str(root / "target"), "--prompts", str(tmp_path / "p.jsonl"), "--n", "1",
+                 "--out", str(tmp_path / "r.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "read-only" in err and "Traceback" not in err
