@@ -39,16 +39,24 @@ from ..files import atomic_write_folder
 from ..target import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
 
-CONSUMERS = ("zlab", "vllm", "sglang")
+CONSUMERS = ("zlab", "vllm", "sglang", "llama.cpp")  # llama.cpp: a GGUF file (engines/llamacpp_export.py)
 
 
 def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, *, target: Target | None = None,
-                   full_vocab: bool = False, overwrite: bool = False) -> list[str]:
+                   full_vocab: bool = False, overwrite: bool = False, drop_attention_bias: bool = False,
+                   outtype: str = "f32") -> list[str]:
     """Write the folder `consumer` reads from the drafter at `drafter_dir`; returns one note per thing
     dropped or converted. `target` is needed only when the export reads target weights (vLLM with a
     reduced vocabulary or a scaled embedding) or the drafter predates recording its embedding scale."""
     if consumer not in CONSUMERS:
         raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)}, got {consumer!r}")
+    if consumer == "llama.cpp":  # `out_dir` is the .gguf file; the target's HF folder is read by the converter
+        from ..engines.llamacpp_export import export_drafter_gguf
+        from ..target import resolve_model_path
+
+        target_dir = _need(target, "llama.cpp's converter takes the target's tokenizer and config").name
+        return export_drafter_gguf(drafter_dir, resolve_model_path(target_dir), out_dir, overwrite=overwrite,
+                                   drop_attention_bias=drop_attention_bias, outtype=outtype)[0]
     model = load_drafter_model(drafter_dir)  # validates the folder; heads stay in the file, unread
     config = model.config
     if target is not None:

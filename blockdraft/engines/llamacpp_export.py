@@ -1,0 +1,309 @@
+"""Our drafters (and HF targets) as GGUF files llama.cpp runs, written by the built tree's own converter.
+
+`export_drafter_gguf` prepares a folder the converter (`convert_hf_to_gguf.py DRAFTER --target-model-dir
+TARGET`, llama.cpp 11434) reads, runs it, and checks the file with `gguf.GGUFReader`. What llama.cpp's
+DFlash graph computes, read from its model code:
+
+- the backbone: per layer RMSNorm -> q/k/v without bias -> q_norm/k_norm -> RoPE -> non-causal
+  attention over [context K/V ; block K/V] -> o without bias -> residual -> RMSNorm -> SwiGLU -> residual;
+  the context K/V are each layer's k/v of RMSNorm(fc(target features)); the final norm; the target's
+  LM head (or the draft's own rows with a reduced vocabulary); `target_layers` = our ids + 1 (the
+  output of decoder layer l is hidden state l + 1 in both conventions);
+- a reduced draft vocabulary: `d2t` (absolute target ids) with the kept LM-head rows, every other token
+  at -inf, exactly our rule. Its converter writes it only for the DSpark layouts, so a reduced-vocabulary
+  drafter is exported through that class with `sample_from_anchor = false` (our DFlash layout: the
+  anchor slot does not predict) and run with `--spec-type draft-dflash`;
+- DSpark's Markov head as logits_k + W2·W1[x_{k-1}] chained by argmax (our "linear" variant) and the
+  confidence head σ(proj([h_k ; W1[x_{k-1}]]) + b) read at `--spec-draft-p-min` (`draft-dspark`).
+
+What it does not compute: attention biases (no q/k/v/o bias tensors in the graph: a Qwen2-family drafter
+trained with them is refused unless `drop_attention_bias`, which changes its drafts and says so), our
+other heads (DeLS local head, Domino; the gated and rnn Markov variants) and a confidence head without
+Markov features (its input is always [h_k ; W1[x_{k-1}]]). Nothing is dropped silently: each is an
+error or a note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..config import ConfigError
+from .llamacpp import EngineError, release_dir, tree_dir
+
+OUTTYPES = ("f32", "f16", "bf16")
+
+
+def find_converter() -> Path:
+    """The tree's `convert_hf_to_gguf.py` (an extracted tree suffices; no binaries needed)."""
+    override = os.environ.get("BLOCKDRAFT_LLAMACPP_DIR")
+    tree = tree_dir(Path(override).expanduser()) if override else tree_dir(release_dir())
+    script = tree / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise EngineError(f"llama.cpp's converter {script} is missing: run `blockdraft engines build llama.cpp`")
+    try:
+        import sentencepiece  # noqa: F401  (the converter imports it for Qwen-family tokenizers)
+    except ImportError:
+        raise EngineError("llama.cpp's converter imports sentencepiece for Qwen-family tokenizers: "
+                          "pip install sentencepiece") from None
+    return script
+
+
+def run_converter(model_dir: Path, out_file: Path, *, target_dir: Path | None = None, outtype: str = "f32",
+                  log: Callable[[str], None] | None = None) -> None:
+    if outtype not in OUTTYPES:
+        raise ConfigError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    script = find_converter()
+    command = [sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out_file)]
+    if target_dir is not None:
+        command += ["--target-model-dir", str(target_dir)]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode != 0 or not out_file.is_file():
+        tail = "\n".join(line for line in done.stdout.splitlines()[-12:])
+        raise EngineError(f"llama.cpp's converter failed on {model_dir} (exit {done.returncode}):\n{tail}")
+    if log is not None:
+        log(f"wrote {out_file} ({out_file.stat().st_size / (1 << 20):.1f} MiB)")
+
+
+def _resolve_target_dir(target: str | Path) -> Path:
+    from ..assets import resolve_model
+
+    folder = Path(resolve_model(str(target)))
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"--target {target} is not a Hugging Face model folder (no config.json)")
+    return folder
+
+
+def _target_tensor(target_dir: Path, names: tuple[str, ...]) -> torch.Tensor:
+    for part in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(part), "pt") as handle:
+            for name in names:
+                if name in handle.keys():
+                    return handle.get_tensor(name)
+    raise ConfigError(f"{target_dir} holds none of {names} in its safetensors files")
+
+
+def _check_target(config, target_dir: Path) -> dict:
+    raw = json.loads((target_dir / "config.json").read_text())
+    text = {**raw, **raw.get("text_config", {})}
+    if text.get("hidden_size") != config.hidden_size or text.get("vocab_size") != config.vocab_size:
+        raise ConfigError(f"the drafter (hidden {config.hidden_size}, vocabulary {config.vocab_size}) was not made for "
+                          f"{target_dir} (hidden {text.get('hidden_size')}, vocabulary {text.get('vocab_size')})")
+    if text.get("num_hidden_layers") != config.num_target_layers:
+        raise ConfigError(f"the drafter reads a {config.num_target_layers}-layer target; {target_dir} has "
+                          f"{text.get('num_hidden_layers')} layers")
+    return text
+
+
+def prepare_export(drafter_dir: str | Path, target_dir: Path, folder: Path, *,
+                   drop_attention_bias: bool = False) -> tuple[list[str], dict]:
+    """Write the converter's input folder for our drafter; returns (notes, facts about the export)."""
+    from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
+    from ..shipped import resolve_drafter
+
+    source = resolve_drafter(drafter_dir)
+    model = load_drafter_model(source)
+    config = model.config
+    target_config = _check_target(config, target_dir)
+    notes: list[str] = []
+    state = {key: tensor.detach().contiguous() for key, tensor in model.state_dict().items()
+             if not key.startswith(("rotary_emb.", "vocab_map."))}
+
+    biases = sorted(key for key in state if key.endswith("_proj.bias"))
+    if biases:
+        nonzero = [key for key in biases if bool(state[key].abs().max() > 0)]
+        if nonzero and not drop_attention_bias:
+            raise EngineError(
+                f"{source} has attention biases ({', '.join(sorted({k.split('.')[-2] for k in nonzero}))}; a Qwen2-family "
+                "drafter) but llama.cpp's DFlash graph has no bias on q/k/v/o, so it cannot run this drafter exactly. "
+                "Train the drafter without attention_bias, or pass --drop-attention-bias to export it anyway (its "
+                "drafts in llama.cpp will differ from ours; verification stays lossless)")
+        for key in biases:
+            del state[key]
+        notes.append("dropped the attention biases (--drop-attention-bias): llama.cpp drafts with a different model "
+                     "than ours, so its acceptance is not this drafter's" if nonzero else
+                     "dropped the attention biases: all zero, so nothing changes")
+
+    heads = dict(config.extra.get("heads") or {})
+    markov, confidence = heads.pop("markov", None), heads.pop("confidence", None)
+    for name in heads:
+        notes.append(f"dropped the {name} head (blockdraft's own; llama.cpp has no such head): llama.cpp drafts "
+                     "with the backbone, so its drafts differ from ours with the head on")
+    raw_heads = {}
+    with safe_open(str(Path(source) / WEIGHTS_NAME), "pt") as handle:
+        for key in handle.keys():
+            if key.startswith(("markov_head.", "confidence_head.")):
+                raw_heads[key] = handle.get_tensor(key)
+    if markov is not None:
+        variant = (markov.get("variant") if isinstance(markov, dict) else None) or "linear"
+        if variant != "linear":
+            raise EngineError(f"{source}'s Markov head is the {variant!r} variant; llama.cpp runs only the vanilla "
+                              "(linear) one. Export without it is not offered: its drafts would differ")
+        for key in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight"):
+            if key not in raw_heads:
+                raise EngineError(f"{source} describes a Markov head but has no {key}")
+            state[key] = raw_heads[key].contiguous()
+        extra = sorted(k for k in raw_heads if k.startswith("markov_head.") and "markov_w" not in k)
+        if extra:
+            raise EngineError(f"{source}'s Markov head has tensors llama.cpp does not read: {extra}")
+    if confidence is not None:
+        with_markov = bool(confidence.get("with_markov", confidence.get("markov_rank", 0))) \
+            if isinstance(confidence, dict) else False
+        if markov is None or not with_markov:
+            notes.append("dropped the confidence head: llama.cpp's reads [h_k ; W1[x_prev]] with a Markov head, "
+                         "this one reads h_k alone (drafts are unchanged: the head only prunes)")
+        else:
+            for key in ("confidence_head.proj.weight", "confidence_head.proj.bias"):
+                if key in raw_heads:
+                    state[key] = raw_heads[key].contiguous()
+
+    raw = config.to_dict()
+    raw["attention_bias"] = False if biases else raw.get("attention_bias", False)
+    d2t = None if model.vocab_map is None else model.vocab_map.d2t.to(torch.int64)
+    if d2t is not None and torch.equal(d2t, torch.arange(config.vocab_size)):
+        notes.append("dropped the draft vocabulary map: it kept every token in order")
+        d2t = None
+    dspark_class = markov is not None or d2t is not None or config.layout == "dspark"
+    if d2t is not None:
+        head = _target_tensor(target_dir, ("lm_head.weight",) if not target_config.get("tie_word_embeddings")
+                              else ("lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"))
+        state["lm_head.weight"] = head[d2t].contiguous()  # (V_draft, H): the target's own rows, as we score
+        state["d2t"] = (d2t - torch.arange(d2t.numel())).contiguous()  # the converter reads offsets
+        raw["draft_vocab_size"] = int(d2t.numel())
+        notes.append(f"kept the {d2t.numel()}-token draft vocabulary as llama.cpp's d2t + the target's LM-head rows")
+    else:
+        raw.pop("draft_vocab_size", None)
+    if dspark_class:
+        raw["architectures"] = ["DSparkDraftModel"]
+        raw["sample_from_anchor"] = config.layout == "dspark"
+        raw["markov_head_type"] = "vanilla"
+    if config.is_dflash2:
+        notes.append("DFlash 2 drafter: passed to llama.cpp's DFlash2DraftModel conversion as is")
+    # the converter reads top-level fields; keep ours but drop what it would misread
+    raw.pop("heads", None)
+    stored = next(iter(state.values())).dtype
+    state = {key: (tensor if tensor.dtype in (torch.int64,) or not tensor.is_floating_point() else tensor.to(stored))
+             for key, tensor in state.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    spec_type = "draft-dspark" if (markov is not None or config.layout == "dspark") else "draft-dflash"
+    facts = {"spec_type": spec_type, "block_size": config.block_size,
+             "max_drafts": config.block_size if config.layout == "dspark" else config.block_size - 1,
+             "draft_vocab_size": None if d2t is None else int(d2t.numel()), "layout": config.layout,
+             "markov": markov is not None, "confidence": "confidence_head.proj.weight" in state,
+             "dropped_attention_bias": bool(biases)}
+    return notes, facts
+
+
+def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: str | Path, *,
+                        outtype: str = "f32", drop_attention_bias: bool = False, overwrite: bool = False,
+                        log: Callable[[str], None] | None = None) -> tuple[list[str], dict]:
+    """`blockdraft export DRAFTER --for llama.cpp --target T --out DRAFT.gguf`; returns (notes, facts).
+
+    The facts (`spec_type`, `max_drafts`, ...) are also written beside the file as DRAFT.gguf.json, which the
+    bench reads to start llama-server with the right `--spec-type`."""
+    out_file = Path(out_file)
+    if out_file.suffix != ".gguf":
+        raise ConfigError(f"--out for llama.cpp is a .gguf file, got {out_file}")
+    if out_file.exists() and not overwrite:
+        raise ConfigError(f"{out_file} exists; pass --overwrite to replace it")
+    if out_file.is_dir():
+        raise ConfigError(f"--out {out_file} is a folder; name a .gguf file")
+    target_dir = _resolve_target_dir(target)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="blockdraft-llamacpp-", dir=out_file.parent) as work:
+        folder = Path(work) / "drafter"
+        notes, facts = prepare_export(drafter_dir, target_dir, folder, drop_attention_bias=drop_attention_bias)
+        partial = Path(work) / out_file.name
+        run_converter(folder, partial, target_dir=target_dir, outtype=outtype)
+        check_drafter_gguf(partial, facts)
+        facts = {**facts, "drafter": str(drafter_dir), "target": str(target_dir), "outtype": outtype, "notes": notes}
+        os.replace(partial, out_file)
+    sidecar = out_file.with_name(out_file.name + ".json")
+    sidecar.write_text(json.dumps(facts, indent=2) + "\n")
+    if log is not None:
+        log(f"wrote {out_file}: run it with llama-server -md {out_file.name} --spec-type {facts['spec_type']} "
+            f"--spec-draft-n-max {facts['max_drafts']}")
+    return notes, facts
+
+
+def read_gguf_summary(path: str | Path) -> dict:
+    """Architecture, the DFlash metadata and the tensor names of a GGUF (gguf.GGUFReader)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    fields = {}
+    for key, field in reader.fields.items():
+        if key.startswith(("dflash.", "general.architecture")) or key == "tokenizer.ggml.mask_token_id":
+            try:
+                fields[key] = field.contents()
+            except Exception:  # an exotic field type this gguf version cannot decode: skip it
+                continue
+    return {"fields": fields, "tensors": {t.name: [int(d) for d in t.shape] for t in reader.tensors}}
+
+
+def check_drafter_gguf(path: Path, facts: dict) -> dict:
+    summary = read_gguf_summary(path)
+    if summary["fields"].get("general.architecture") != "dflash":
+        raise EngineError(f"{path} is not a DFlash GGUF (architecture {summary['fields'].get('general.architecture')})")
+    bad = sorted(name for name in summary["tensors"] if name.endswith(".bias") and name.startswith("blk."))
+    if bad:
+        raise EngineError(f"{path} holds attention biases llama.cpp would refuse to load: {bad[:4]}")
+    if facts.get("draft_vocab_size") and "d2t" not in summary["tensors"]:
+        raise EngineError(f"{path} lost the reduced draft vocabulary (no d2t tensor)")
+    if facts.get("markov") and "markov_w1.weight" not in summary["tensors"]:
+        raise EngineError(f"{path} lost the Markov head")
+    return summary
+
+
+def convert_target_gguf(target: str | Path, out_file: str | Path, *, outtype: str = "f32",
+                        overwrite: bool = False, log: Callable[[str], None] | None = None) -> Path:
+    """An HF target folder as an F32/F16/BF16 GGUF with the tree's converter (parity runs: the same
+    weights in both engines)."""
+    out_file = Path(out_file)
+    if out_file.exists() and not overwrite:
+        return out_file  # converted earlier: conversion is deterministic for one folder and outtype
+    target_dir = _resolve_target_dir(target)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_file.with_name(out_file.name + ".partial")
+    partial.unlink(missing_ok=True)
+    try:
+        run_converter(target_dir, partial, outtype=outtype, log=None)
+        os.replace(partial, out_file)
+    finally:
+        partial.unlink(missing_ok=True)
+    if log is not None:
+        log(f"wrote {out_file}")
+    return out_file
+
+
+def target_gguf_path(target: str, outtype: str) -> Path:
+    """Where `convert_target_gguf` keeps a converted asset target: $BLOCKDRAFT_HOME/engines/llama.cpp/gguf/."""
+    from .llamacpp import engine_root
+
+    name = Path(str(target).rstrip("/")).name
+    return engine_root() / "gguf" / f"{name}-{outtype}.gguf"
+
+
+def shipped_target_gguf(target: str) -> Path:
+    """The asset's own Q4_K_M GGUF, kept by `blockdraft assets fetch NAME --keep-sources`."""
+    from ..assets import home
+
+    name = Path(str(target).rstrip("/")).name
+    path = home() / "gguf" / f"{name}.gguf"
+    if not path.is_file():
+        raise EngineError(f"{path} is missing: the shipped GGUF is deleted after conversion unless kept; run "
+                          f"`blockdraft assets fetch {name} --force --keep-sources`, or use an F16/F32 target "
+                          "(gguf=f32) converted from the HF folder")
+    return path
