@@ -26,12 +26,18 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target, dtype="fp32")
     drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
-                           mask_token_id=args.mask_token_id, intermediate_size=args.intermediate_size, seed=args.seed)
+                           mask_token_id=args.mask_token_id, intermediate_size=args.intermediate_size, seed=args.seed,
+                           arch=args.arch, conv_kernel_size=args.conv_kernel_size, conv_group_size=args.conv_group_size,
+                           selector_rank=args.selector_rank or None, selector_top_k=args.selector_top_k)
     save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out,
                  overwrite=args.overwrite)
     cfg = drafter.config
+    dflash2 = ""
+    if cfg.is_dflash2:
+        dflash2 = (f", DFlash 2 (conv {cfg.conv_kernel_size} taps, groups of {cfg.conv_group_size}; "
+                   + (f"selector rank {cfg.selector_rank}, top {cfg.selector_top_k})" if cfg.has_selector else "no selector)"))
     print(f"wrote {args.out}: {cfg.num_hidden_layers} layer(s), block {cfg.block_size}, "
-          f"target layers {list(cfg.target_layer_ids)}, mask token {cfg.mask_token_id}")
+          f"target layers {list(cfg.target_layer_ids)}, mask token {cfg.mask_token_id}{dflash2}")
     return 0
 
 
@@ -204,6 +210,13 @@ def add_init_drafter(sub) -> None:
     p.add_argument("--target-layer-ids", default=None,
                    help="comma-separated; default: DFlash's spacing over layers 1..N-3")
     p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--arch", default="dflash", choices=["dflash", "dflash2"],
+                   help="dflash2: DFlash 2 (block convolutions around every sublayer + the candidate selector)")
+    p.add_argument("--conv-kernel-size", type=int, default=2, help="dflash2: convolution taps per block slot")
+    p.add_argument("--conv-group-size", type=int, default=16,
+                   help="dflash2: channels sharing one dynamic tap (must divide the hidden size)")
+    p.add_argument("--selector-rank", type=int, default=256, help="dflash2: the selector's codebook rank; 0 = no selector")
+    p.add_argument("--selector-top-k", type=int, default=16, help="dflash2: candidates per slot the selector walks")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="drafter folder to write (new, empty, or an earlier drafter)")
