@@ -358,3 +358,119 @@ def test_exported_gguf_reads_back_with_dflash_metadata(tmp_path):
     assert json.loads((tmp_path / "draft.gguf.json").read_text())["spec_type"] == "draft-dflash"
     with pytest.raises(ConfigError, match="exists"):
         llamacpp_export.export_drafter_gguf(tmp_path / "d", folder, tmp_path / "draft.gguf")
+
+
+# ---------------------------------------------------------------------------------------------- bench methods
+
+from blockdraft.eval.llamacpp_runner import build_llamacpp_runner, parse_llamacpp, server_arguments  # noqa: E402
+from blockdraft.eval.methods import parse_method, run_or_fail  # noqa: E402
+
+
+def test_method_spellings_are_canonical():
+    assert parse_method("llamacpp").name == "llamacpp,gguf=q4_k_m"
+    assert parse_method("llamacpp,gguf=f32").name == "llamacpp,gguf=f32"
+    assert parse_method("llamacpp:ngram-mod,n_match=12").name == "llamacpp:ngram-mod,gguf=q4_k_m,n_match=12"
+    assert parse_method("llamacpp:dflash=D,n_max=3").name == "llamacpp:dflash=D,gguf=q4_k_m,n_max=3"
+    assert parse_method("llamacpp:dspark=D,conf_min=0.5,gguf=f16").name == "llamacpp:dspark=D,gguf=f16,conf_min=0.5"
+    spec = parse_llamacpp("dspark=D,conf_min=0.5")
+    assert spec.mode == "dspark" and spec.drafter == "D" and spec.gguf == "q4_k_m"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("llamacpp:dflash", "needs the drafter"),
+    ("llamacpp:eagle=D", "not one of ngram-mod"),
+    ("llamacpp:ngram-mod=D", "takes no drafter"),
+    ("llamacpp:dflash=D,conf_min=0.5", "option 'conf_min=0.5' is not one of"),
+    ("llamacpp:dspark=D,conf_min=2", r"conf_min takes a number in \[0, 1\]"),
+    ("llamacpp:dflash=D,n_max=0", "positive integer"),
+    ("llamacpp,gguf=q8", "gguf takes q4_k_m, f16, f32 or a .gguf file"),
+    ("llamacpp,gguf=f32,gguf=f16", "given twice"),
+    ("llamacpp:dflash=D,drop_bias=yes", "drop_bias takes on or off"),
+])
+def test_method_option_errors(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_method(bad)
+
+
+def test_server_arguments_per_mode():
+    facts = {"max_drafts": 7, "markov": False, "layout": "dflash"}
+    assert server_arguments(parse_llamacpp(None), None) == []
+    assert server_arguments(parse_llamacpp("ngram-mod,n_match=12,n_max=32"), None) == [
+        "--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "12", "--spec-ngram-mod-n-max", "32"]
+    args = server_arguments(parse_llamacpp("dflash=D"), facts)
+    assert args[:4] == ["--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+    assert args[-2:] == ["--spec-draft-p-min", "0"]  # every block drafted in full, as our loop does
+    with pytest.raises(EngineError, match="exceeds"):
+        server_arguments(parse_llamacpp("dflash=D,n_max=9"), facts)
+    with pytest.raises(EngineError, match="no Markov head"):
+        server_arguments(parse_llamacpp("dspark=D"), facts)
+    with pytest.raises(EngineError, match="draft-dflash would ignore"):
+        server_arguments(parse_llamacpp("dflash=D"), {**facts, "markov": True})
+    dspark = server_arguments(parse_llamacpp("dspark=D,conf_min=0.4"), {**facts, "markov": True})
+    assert "draft-dspark" in dspark and dspark[-1] == "0.4"
+
+
+class CharTokenizer:
+    """Speaks the fake server's tokenizer (one id per character)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+@pytest.fixture
+def fake_build(tmp_path, monkeypatch):
+    release = tmp_path / "release"
+    _executable(llamacpp.build_dir(release) / "bin" / "llama-server", FAKE_SERVER)
+    _executable(llamacpp.build_dir(release) / "bin" / "llama-bench", FAKE_VERSION)
+    (release / llamacpp.MARKER).write_text(json.dumps({"package": "fake"}))
+    monkeypatch.setenv("BLOCKDRAFT_LLAMACPP_DIR", str(release))
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"GGUF")
+    return model
+
+
+class FakeTarget:
+    def __init__(self, tokenizer):
+        self.name, self.tokenizer = "fake-target", tokenizer
+
+
+def test_runner_measures_with_the_servers_timings_and_stops(fake_build, tmp_path):
+    runner = build_llamacpp_runner("llamacpp,gguf=x", f",gguf={fake_build}", FakeTarget(CharTokenizer()),
+                                   log_dir=tmp_path / "bench")
+    assert runner.failed is None, runner.failed
+    try:
+        measurement = runner.run([5, 6], max_new_tokens=9, seed=0)
+    finally:
+        runner.close()
+    assert measurement.tokens == [7] * 9 and measurement.decode_s == pytest.approx(0.08)
+    assert measurement.target_calls == 1 + (8 - 4)  # the prompt's pass + rounds committing accepted + 1 each
+    assert measurement.engine_timings["draft_n"] == 6
+    assert runner.info["target_gguf"] == str(fake_build) and Path(runner.info["log"]).is_file()
+    assert not runner.server.running
+
+
+def test_a_tokenizer_mismatch_is_recorded_not_raised(fake_build, tmp_path):
+    class OtherTokenizer:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [1, 2, 3]}
+
+    runner = build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(OtherTokenizer()), log_dir=None)
+    assert "tokenizer differs" in runner.failed and runner.info["error"] == runner.failed
+    assert not runner.server.running
+
+
+def test_a_missing_build_or_gguf_is_recorded(tmp_path, monkeypatch, fake_build):
+    runner = build_llamacpp_runner("m", ",gguf=/nowhere/t.gguf", FakeTarget(CharTokenizer()), log_dir=None)
+    assert "does not exist" in runner.failed
+    monkeypatch.setenv("BLOCKDRAFT_LLAMACPP_DIR", str(tmp_path / "no-build"))
+    runner = build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=None)
+    assert "engines build llama.cpp" in runner.failed
+
+
+def test_a_server_crash_mid_bench_ends_that_method_only(fake_build, tmp_path):
+    runner = build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=tmp_path)
+    runner.server.process.kill()
+    runner.server.process.wait()
+    assert run_or_fail(runner, [1, 2], max_new_tokens=4, seed=0) is None
+    assert "not running" in runner.info["error"]
+    assert run_or_fail(runner, [1, 2], max_new_tokens=4, seed=0) is None  # skipped from then on

@@ -58,7 +58,7 @@ from ..data.chat import chat_ids, has_chat_template
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import default_device, load_target
-from .methods import build_runners, parse_method
+from .methods import build_runners, close_runners, parse_method, run_or_fail
 
 SCHEMA = BENCH_SCHEMA
 DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
@@ -314,8 +314,10 @@ def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, confi
             runner = runners[index]
             messages = histories[index] + [{"role": "user", "content": text}]
             started_at = time.time()
-            measurement = runner.run(render_chat(tokenizer, messages), max_new_tokens=config.max_new_tokens,
-                                     seed=config.seed)
+            measurement = run_or_fail(runner, render_chat(tokenizer, messages), max_new_tokens=config.max_new_tokens,
+                                      seed=config.seed)
+            if measurement is None:  # an external engine failed: recorded in results.json's methods
+                continue
             answer = tokenizer.decode(measurement.tokens, skip_special_tokens=True)
             histories[index] = messages + [{"role": "assistant", "content": answer}]
             records.append({"dataset": dataset, "prompt_id": prompt.id, "turn": turn, "method": runner.method,
@@ -367,7 +369,7 @@ def _open_session(config: BenchConfig, existing: dict | None, records: list[dict
     if target.tokenizer is None:
         raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
     runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,
-                                          record_q=config.record_q)
+                                          record_q=config.record_q, log_dir=out_dir)
     check_prompt_lengths(pending, runners, target, config)
     if config.batch_sizes and max(config.batch_sizes) > 1:
         target.check_batchable()
@@ -390,7 +392,7 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
     """One request at a time: every pending prompt with every runner, interleaved."""
     first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
     for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
-        runner.run(first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+        run_or_fail(runner, first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
     last_prompt_s = 0.0
     for number, (position, name, prompt) in enumerate(pending, 1):
         if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
@@ -448,6 +450,9 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
 
                 write_report(results, out_dir)
             raise
+        finally:
+            close_runners(runners)  # no llama-server outlives the bench
+            write_results(out_dir / RESULTS, results)  # with any method's failure recorded
     else:
         log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")
     from .report import write_report

@@ -66,7 +66,7 @@ from ..drafters.tree import TreeDrafter
 from ..target import Target, load_target
 from ..timing import elapsed, synchronize, timed
 
-KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid", "hf-assisted", "hf-prompt-lookup")
+KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid", "hf-assisted", "hf-prompt-lookup", "llamacpp")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
@@ -74,7 +74,8 @@ SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|o
              "tree=N|measured,proposals=measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,"
              "min_ngram=M,tokens=T,proposals=measured], "
              "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured,mode=merge|fallback,min_ngram=M,tokens=T,branches=B,"
-             "proposals=measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N]")
+             "proposals=measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N], "
+             "llamacpp[:ngram-mod|dflash=DRAFTER|dspark=DRAFTER][,gguf=q4_k_m|f16|f32,n_max=N,conf_min=P]")
 DEFAULT_HYBRID_TREE = 32
 DEFAULT_TREE_BRANCHES = 4
 
@@ -225,6 +226,10 @@ def parse_method(text: str) -> MethodSpec:
         hybrid_sources(arg)
     if kind in ("small-ar", "hf-assisted") and arg is None:
         arg = DEFAULT_DRAFT
+    if kind == "llamacpp":  # a llama-server per configuration (eval/llamacpp_runner.py)
+        from .llamacpp_runner import parse_llamacpp
+
+        arg = parse_llamacpp(arg).canonical().lstrip(":")
     if kind == "hf-prompt-lookup":
         arg = arg or str(DEFAULT_LOOKUP_TOKENS)
         if not arg.isdigit() or int(arg) < 1:
@@ -245,6 +250,7 @@ class Measurement:
     rounds: dict[str, list] | None = None  # our loop: one column per RoundRecord field + draft_tokens
     target_calls: int | None = None  # HF peers: target forward passes inside generate()
     generate_s: float | None = None  # HF peers: the whole generate() call
+    engine_timings: dict[str, Any] | None = None  # llama.cpp: the server's own per-request timings
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -386,8 +392,32 @@ def _lookup(target: Target, corpus: str | None, options: dict[str, str], tree: b
                          max_branches=branches, corpus=index)
 
 
+def run_or_fail(runner, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement | None:
+    """`runner.run`, except that an external engine's failure (a llama-server that crashed) ends that method
+    alone: recorded in its description, None returned, and the runner skipped from then on."""
+    from ..engines.llamacpp import EngineError
+
+    if getattr(runner, "failed", None):
+        return None
+    try:
+        return runner.run(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
+    except EngineError as err:
+        if not hasattr(runner, "fail"):
+            raise
+        runner.fail(err)
+        return None
+
+
+def close_runners(runners: list) -> None:
+    """Stop what runners started outside this process (llama-server)."""
+    for runner in runners:
+        if hasattr(runner, "close"):
+            runner.close()
+
+
 def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None, target: Target,
-                  sampling: SamplingConfig, *, record_q: bool = True) -> tuple[list, dict[str, dict]]:
+                  sampling: SamplingConfig, *, record_q: bool = True,
+                  log_dir=None) -> tuple[list, dict[str, dict]]:
     """Load every drafter once and return (runners in run order, per-method descriptions).
 
     Each speculative method of our loop gets one runner per block size; a block size larger
@@ -473,6 +503,15 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                                "branches": int(options.get("branches", DEFAULT_TREE_BRANCHES))}
             runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q,
                                       options.get("proposals") == "measured"))
+        elif spec.kind == "llamacpp":
+            from .llamacpp_runner import build_llamacpp_runner
+
+            if not sampling.greedy:
+                raise ConfigError(f"{spec.name}: llama.cpp methods are measured greedily only (--temperature 0)")
+            runner = build_llamacpp_runner(spec.name, spec.arg, target, log_dir=log_dir)
+            info[spec.name] = runner.info
+            if not runner.failed:  # a failed one is recorded in its description and left out
+                runners.append(runner)
         elif spec.kind == "hf-assisted":
             assistant = draft_model(spec.arg)
             if assistant.vocab_size != target.vocab_size:

@@ -1,0 +1,247 @@
+"""`llamacpp...` bench methods: one real `llama-server` per configuration, fed our chat-rendered token ids.
+
+Spellings (`blockdraft bench --method ...`; every one takes `gguf=q4_k_m|f16|f32|PATH.gguf`, the target
+file llama.cpp runs: the asset's shipped Q4_K_M GGUF (default; kept by `assets fetch --keep-sources`) or
+an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached under
+`$BLOCKDRAFT_HOME/engines/llama.cpp/gguf/`):
+
+- `llamacpp[,gguf=...]`: plain decoding;
+- `llamacpp:ngram-mod[,n_match=N,n_min=N,n_max=N]`: llama.cpp's training-free n-gram drafting;
+- `llamacpp:dflash=DRAFTER[,n_max=N,drop_bias=on]`: our drafter exported with `export --for llama.cpp`
+  (cached by the drafter's content) and run as `--spec-type draft-dflash` (n_max defaults to B - 1);
+  `drop_bias=on` is the explicit permission to drop q/k/v/o biases llama.cpp cannot run (its drafts change);
+- `llamacpp:dspark=DRAFTER[,conf_min=P,n_max=N]`: a drafter with a Markov head (and confidence head) as
+  `--spec-type draft-dspark`; `conf_min` is llama.cpp's `--spec-draft-p-min`, truncating the block at the
+  first slot whose predicted acceptance is below P.
+
+DRAFTER is a drafter folder, a shipped drafter's name, or an exported `.gguf` (with its `.gguf.json`).
+Greedy only (llama.cpp's server draws at T > 0 with its own sampler chain). Decode time and acceptance are
+the server's own per-request timings (`engines/llamacpp_server.py`): prefill excluded, as ours.
+A method whose server does not come up, whose drafter cannot be exported, or whose tokenizer differs from
+the target's is recorded with its error in results.json's `methods` and the bench goes on without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
+from ..engines.llamacpp_server import LlamaServer
+
+GGUF_CHOICES = ("q4_k_m", "f16", "f32")
+MODES = ("plain", "ngram-mod", "dflash", "dspark")
+OPTIONS = {
+    "plain": {"gguf"},
+    "ngram-mod": {"gguf", "n_match", "n_min", "n_max"},
+    "dflash": {"gguf", "n_max", "drop_bias"},
+    "dspark": {"gguf", "n_max", "conf_min", "drop_bias"},
+}
+TOKENIZER_PROBE = "def add(a, b):\n    return a + b  # naïve 数字 ✓\n\n<|im_start|>user"
+
+
+@dataclass(frozen=True)
+class LlamaCppSpec:
+    mode: str
+    drafter: str | None
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gguf(self) -> str:
+        return self.options.get("gguf", "q4_k_m")
+
+    def canonical(self) -> str:
+        """The argument after `llamacpp`, defaults filled in (the method's id in results.json)."""
+        head = "" if self.mode == "plain" else (f":{self.mode}" if self.drafter is None else f":{self.mode}={self.drafter}")
+        rest = {"gguf": self.gguf, **{k: v for k, v in sorted(self.options.items()) if k != "gguf"}}
+        return head + "".join(f",{k}={v}" for k, v in rest.items())
+
+
+def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
+    """`llamacpp`'s argument (after the kind: `:MODE[=DRAFTER][,k=v...]` or `,k=v...`) -> LlamaCppSpec."""
+    text = (arg or "").strip()
+    head, *parts = text.split(",") if text else [""]
+    mode, _, drafter = head.partition("=")
+    mode = mode.strip() or "plain"
+    if mode not in MODES or mode == "plain" and head.strip():
+        raise ConfigError(f"llamacpp mode {head!r} is not one of ngram-mod, dflash=DRAFTER, dspark=DRAFTER "
+                          "(or nothing for plain decoding)")
+    if mode in ("dflash", "dspark") and not drafter.strip():
+        raise ConfigError(f"llamacpp:{mode} needs the drafter: llamacpp:{mode}=DRAFTER")
+    if mode in ("plain", "ngram-mod") and drafter:
+        raise ConfigError(f"llamacpp:{mode} takes no drafter, got {head!r}")
+    options: dict[str, str] = {}
+    for part in parts:
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or key not in OPTIONS[mode]:
+            raise ConfigError(f"llamacpp:{mode} option {part!r} is not one of "
+                              f"{', '.join(f'{k}=...' for k in sorted(OPTIONS[mode]))}")
+        if key in options:
+            raise ConfigError(f"llamacpp option {key} is given twice in {arg!r}")
+        if key in ("n_max", "n_min", "n_match") and not (value.isdigit() and int(value) >= 1):
+            raise ConfigError(f"llamacpp option {key} takes a positive integer, got {value!r}")
+        if key == "conf_min":
+            try:
+                ok = 0.0 <= float(value) <= 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"llamacpp option conf_min takes a number in [0, 1], got {value!r}")
+        if key == "drop_bias" and value not in ("on", "off"):
+            raise ConfigError(f"llamacpp option drop_bias takes on or off, got {value!r}")
+        if key == "gguf" and value not in GGUF_CHOICES and not value.endswith(".gguf"):
+            raise ConfigError(f"llamacpp option gguf takes {', '.join(GGUF_CHOICES)} or a .gguf file, got {value!r}")
+        options[key] = value
+    return LlamaCppSpec(mode, drafter.strip() or None, options)
+
+
+def target_gguf(target_name: str, choice: str, log=None) -> Path:
+    """The target GGUF file a `gguf=` option names (converting an HF folder once, when asked for f16/f32)."""
+    from ..engines.llamacpp_export import convert_target_gguf, shipped_target_gguf, target_gguf_path
+
+    if choice.endswith(".gguf"):
+        if not Path(choice).is_file():
+            raise EngineError(f"target GGUF {choice} does not exist")
+        return Path(choice)
+    if choice == "q4_k_m":
+        return shipped_target_gguf(target_name)
+    return convert_target_gguf(target_name, target_gguf_path(target_name, choice), outtype=choice, log=log)
+
+
+def _draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, dict]:
+    """An exported drafter GGUF: given as one, or exported once into the engine's cache (keyed by content)."""
+    from ..engines.llamacpp_export import export_drafter_gguf
+    from ..shipped import resolve_drafter
+
+    if drafter.endswith(".gguf"):
+        path = Path(drafter)
+        sidecar = path.with_name(path.name + ".json")
+        if not path.is_file() or not sidecar.is_file():
+            raise EngineError(f"{path} (and its .gguf.json from `blockdraft export --for llama.cpp`) must exist")
+        return path, json.loads(sidecar.read_text())
+    folder = Path(resolve_drafter(drafter))
+    digest = hashlib.sha256()
+    for name in ("config.json", "model.safetensors"):
+        with open(folder / name, "rb") as handle:
+            for chunk in iter(lambda: handle.read(8 << 20), b""):
+                digest.update(chunk)
+    digest.update(f"{target_name}|{drop_bias}".encode())
+    path = engine_root() / "drafts" / f"{folder.name}-{digest.hexdigest()[:12]}.gguf"
+    sidecar = path.with_name(path.name + ".json")
+    if path.is_file() and sidecar.is_file():
+        return path, json.loads(sidecar.read_text())
+    _, facts = export_drafter_gguf(folder, target_name, path, drop_attention_bias=drop_bias, overwrite=True)
+    return path, json.loads(sidecar.read_text()) if sidecar.is_file() else facts
+
+
+def server_arguments(spec: LlamaCppSpec, facts: dict | None) -> list[str]:
+    """llama-server flags for one configuration (beside -m/-md/threads)."""
+    args: list[str] = []
+    if spec.mode == "ngram-mod":
+        args += ["--spec-type", "ngram-mod"]
+        for key, flag in (("n_match", "--spec-ngram-mod-n-match"), ("n_min", "--spec-ngram-mod-n-min"),
+                          ("n_max", "--spec-ngram-mod-n-max")):
+            if key in spec.options:
+                args += [flag, spec.options[key]]
+    elif spec.mode in ("dflash", "dspark"):
+        assert facts is not None
+        if spec.mode == "dspark" and not facts.get("markov") and facts.get("layout") != "dspark":
+            raise EngineError(f"{spec.drafter} has no Markov head and the DFlash layout: run it as llamacpp:dflash=")
+        if spec.mode == "dflash" and facts.get("markov"):
+            raise EngineError(f"{spec.drafter} has a Markov head, which draft-dflash would ignore: run it as "
+                              "llamacpp:dspark= (exact), so that its drafts are ours")
+        n_max = int(spec.options.get("n_max", facts["max_drafts"]))
+        if n_max > facts["max_drafts"]:
+            raise EngineError(f"n_max={n_max} exceeds the drafter's {facts['max_drafts']} proposals per block")
+        args += ["--spec-type", f"draft-{spec.mode}", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
+                 "--spec-draft-p-min", spec.options.get("conf_min", "0")]
+    return args
+
+
+@dataclass
+class LlamaCppRunner:
+    """A llama.cpp configuration in the bench: `run` sends one greedy request to its own server."""
+
+    method: str
+    spec: LlamaCppSpec
+    target_name: str
+    tokenizer: Any
+    threads: int | None
+    log_dir: Path | None
+    info: dict = field(default_factory=dict)
+    block_size: int | None = None
+    server: LlamaServer | None = None
+    failed: str | None = None
+
+    def start(self) -> None:
+        build = find_llamacpp()
+        model = target_gguf(self.target_name, self.spec.gguf)
+        draft, facts = None, None
+        if self.spec.mode in ("dflash", "dspark"):
+            draft, facts = _draft_gguf(self.spec.drafter, self.target_name,
+                                       self.spec.options.get("drop_bias", "off") == "on")
+        extra = server_arguments(self.spec, facts)
+        log = None if self.log_dir is None else self.log_dir / "llamacpp-logs" / (_slug(self.method) + ".log")
+        self.info.update({"kind": "llamacpp", "mode": self.spec.mode, "target_gguf": str(model),
+                          "target_gguf_kind": self.spec.gguf, "draft_gguf": None if draft is None else str(draft),
+                          "draft": facts, "server_args": extra, "log": None if log is None else str(log),
+                          "threads": self.threads, "llamacpp": build.marker().get("package")})
+        self.server = LlamaServer(build.server, model, draft=draft, extra_args=extra, threads=self.threads,
+                                  log_path=log).start()
+        self.check_tokenizer()
+
+    def check_tokenizer(self) -> None:
+        assert self.server is not None
+        ours = list(self.tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"])
+        theirs = self.server.tokenize(TOKENIZER_PROBE)
+        if ours != theirs:
+            raise EngineError(f"the target GGUF's tokenizer differs from the target's ({ours[:8]}... against "
+                              f"{theirs[:8]}...): the GGUF is another model's; pass gguf= for this target's file")
+
+    def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int):
+        from .methods import Measurement
+
+        if self.server is None:
+            raise EngineError(f"{self.method}: its llama-server is not running")
+        tokens, timings = self.server.complete(prompt_ids, max_new_tokens, seed=seed)
+        return Measurement(tokens=tokens, prompt_length=len(prompt_ids), prefill_s=round(timings.prompt_ms / 1e3, 7),
+                           decode_s=round(timings.decode_s, 7),
+                           stop_reason="length" if len(tokens) >= max_new_tokens else "stop_token",
+                           target_calls=1 + timings.verify_rounds,
+                           engine_timings={"prompt_n": timings.prompt_n, "prompt_ms": timings.prompt_ms,
+                                           "predicted_n": timings.predicted_n, "predicted_ms": timings.predicted_ms,
+                                           "draft_n": timings.draft_n, "draft_n_accepted": timings.draft_n_accepted})
+
+    def fail(self, err: BaseException) -> None:
+        self.failed = str(err)
+        self.info["error"] = str(err)
+        self.close()
+        print(f"bench: {self.method} failed and is left out from here on: {err}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in text)[:120]
+
+
+def build_llamacpp_runner(name: str, arg: str | None, target, *, log_dir: Path | None) -> LlamaCppRunner:
+    """The runner for one `llamacpp...` method, its server started and checked; on failure the runner is
+    returned with `failed` set (and its `info["error"]`), so the bench records it and goes on."""
+    import torch
+
+    spec = parse_llamacpp(arg)
+    runner = LlamaCppRunner(name, spec, target.name, target.tokenizer, torch.get_num_threads(), log_dir,
+                            info={"kind": "llamacpp", "mode": spec.mode})
+    try:
+        runner.start()
+    except (EngineError, ConfigError, OSError) as err:
+        runner.fail(err)
+    return runner
