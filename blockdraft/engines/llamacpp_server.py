@@ -186,11 +186,12 @@ class LlamaServer:
         return [int(t) for t in self.request("/tokenize", {"content": text, "add_special": False,
                                                            "parse_special": True})["tokens"]]
 
-    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, *, seed: int = 0) -> tuple[list[int], Timings]:
+    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, *, seed: int = 0,
+                 ignore_eos: bool = False) -> tuple[list[int], Timings]:
         """Greedy completion of the token ids; returns (generated ids, the server's timings)."""
         payload = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens), "temperature": 0.0,
                    "top_k": 1, "seed": int(seed), "cache_prompt": False, "return_tokens": True, "stream": False,
-                   "repeat_penalty": 1.0}
+                   "repeat_penalty": 1.0, "ignore_eos": bool(ignore_eos)}
         answer = self.request("/completion", payload)
         tokens = answer.get("tokens")
         if not isinstance(tokens, list):

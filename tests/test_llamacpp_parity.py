@@ -1,0 +1,70 @@
+"""Opt-in: the same drafter on the same weights drafts the same in llama.cpp as in our loop.
+
+Runs when a verified llama.cpp build is found (`blockdraft engines build llama.cpp`) and the
+qwen2.5-coder-0.5b-instruct asset is fetched: llama.cpp's converter checks the pre-tokenizer by hash and
+does not know our tiny test tokenizers, so the tiny random target is built on the real Qwen2.5 tokenizer
+(vocabulary 151,936, hidden 64, 2 layers). Target and drafter are converted to F32 GGUFs; both engines
+decode the same prompts greedily for 48 tokens ignoring EOS; tokens must be equal and the mean committed
+tokens per verify round within 3%.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.checkpoints import init_drafter, save_drafter
+from blockdraft.engines.llamacpp import EngineError, find_llamacpp
+from blockdraft.engines.llamacpp_export import convert_target_gguf, export_drafter_gguf
+from blockdraft.engines.llamacpp_server import LlamaServer
+from blockdraft.target import Target
+from blockdraft.train.quick import quick_fit
+from test_llamacpp import real_tokenizer_target
+
+NEW_TOKENS, BLOCK = 48, 4
+
+
+@pytest.fixture(scope="module")
+def build():
+    try:
+        return find_llamacpp()
+    except EngineError as err:
+        pytest.skip(f"opt-in: {err}")
+
+
+def test_acceptance_parity_with_llamacpp(build, tmp_path):
+    model, _, folder = real_tokenizer_target(tmp_path, layers=2)
+    target = Target(model.eval(), name=str(folder))
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1000, 30000, (12,), generator=generator).tolist() for _ in range(4)]
+    text = []
+    for prompt in prompts:  # the target's own continuations: text a drafter can learn to accept
+        result = blockdraft.generate(target, None, torch.tensor([prompt]), max_new_tokens=96, stop_token_ids=())
+        text.append(torch.tensor(prompt + result.tokens))
+    drafter = init_drafter(target, num_layers=1, block_size=BLOCK, target_layer_ids=(0,))
+    quick_fit(drafter, text, steps=120)
+    save_drafter(drafter.model, tmp_path / "drafter")
+    drafter = blockdraft.load_drafter(str(tmp_path / "drafter"), target)
+
+    target_gguf = convert_target_gguf(folder, tmp_path / "target-f32.gguf", outtype="f32")
+    draft_gguf = tmp_path / "draft.gguf"
+    _, facts = export_drafter_gguf(tmp_path / "drafter", folder, draft_gguf)
+    args = ["--spec-type", "draft-dflash", "--spec-draft-n-max", str(facts["max_drafts"]), "--spec-draft-n-min", "0",
+            "--spec-draft-p-min", "0"]
+    ours_tokens, ours_rounds, theirs_rounds, theirs_decode = 0, 0, 0, 0
+    with LlamaServer(build.server, target_gguf, draft=draft_gguf, extra_args=args, threads=1,
+                     log_path=tmp_path / "server.log") as server:
+        for prompt in prompts:
+            ours = blockdraft.generate(target, drafter, torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
+                                       stop_token_ids=())
+            tokens, timings = server.complete(prompt, NEW_TOKENS, ignore_eos=True)
+            assert tokens == ours.tokens, (prompt, tokens, ours.tokens)
+            ours_tokens += sum(r.emitted for r in ours.rounds)
+            ours_rounds += len(ours.rounds)
+            theirs_decode += timings.decode_tokens
+            theirs_rounds += timings.verify_rounds
+            assert timings.draft_n > 0
+    tau_ours, tau_theirs = ours_tokens / ours_rounds, theirs_decode / theirs_rounds
+    assert tau_ours > 1.2, f"the drafter learned too little for a meaningful check (tau {tau_ours:.2f})"
+    assert abs(tau_theirs - tau_ours) <= 0.03 * tau_ours, (tau_ours, tau_theirs)
