@@ -1,9 +1,9 @@
 """Bad CLI input, table-driven: every case exits 2 with `blockdraft <command>: error: ...`, no traceback,
 and leaves every file that was there before untouched."""
 
-import argparse
 import hashlib
 import json
+import pickle
 import shutil
 
 import pytest
@@ -198,12 +198,16 @@ def two_layer_config_target(base, sandbox):
     return {}
 
 
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
 def pickled_target(base, sandbox):
     """A target folder holding only a pickled pytorch_model.bin (safe to refuse, never to run)."""
     folder = _copy_target(base, sandbox, "pickled-target")
-    # an object weights_only loading refuses (a real attack would reduce to os.system)
-    torch.save({"state": load_file(str(folder / "model.safetensors")), "extra": argparse.Namespace(x=1)},
-               folder / "pytorch_model.bin")
+    with open(folder / "pytorch_model.bin", "wb") as stream:  # a plain pickle that would run code if unpickled
+        pickle.dump({"state": load_file(str(folder / "model.safetensors")), "payload": _Payload()}, stream)
     (folder / "model.safetensors").unlink()
     return {}
 
@@ -394,18 +398,14 @@ CASES += [
     ("train-weight-decay-neg", no_setup, TRAIN + ["weight_decay=-5"], ["weight_decay"]),
     ("train-recipe-list", sandbox_file("list.json", "[1, 2]"), ["train", "--config", "{sandbox}/list.json"],
      ["JSON object"]),
-    ("train-recipe-not-utf8", sandbox_file("r.json", ""), ["train", "--config", "{base}/missing.json"],
-     ["does not exist"]),
+    ("train-recipe-not-utf8", non_utf8("r.json", {"lr": "XX"}), ["train", "--config", "{sandbox}/r.json"],
+     ["UTF-8"]),
     ("train-data-gz-not-gzip", sandbox_file("plain.jsonl.gz", '{"conversations": []}\n'),
      TRAIN + ["data={sandbox}/plain.jsonl.gz"], ["gzip"]),
-    ("train-warmup-ratio-one", no_setup, TRAIN + ["warmup_ratio=1"], ["warmup_ratio"]),
-    ("train-alpha-above-one", no_setup, TRAIN + ["alpha=1.5"], ["alpha"]),
-    ("train-domino-lambda", no_setup, TRAIN + ["domino_lambda_start=2"], ["domino_lambda_start"]),
     ("train-seed-negative", no_setup, TRAIN + ["seed=-1"], ["seed"]),
-    ("train-cache-topk-negative", no_setup, TRAIN + ["cache_topk=-1"], ["cache_topk"]),
     ("train-num-layers-huge", no_setup, TRAIN + ["num_layers=1000000"], ["num_layers"]),
-    ("train-objective-terms-list", no_setup, TRAIN + ["objective_terms=[1]"], ["objective_terms"]),
-    # (c) --threads -1 on every command that takes it
+    # (c) --threads -1 on every command that takes it (cache-features and quickstart raised; the others keep
+    # refusing it)
     ("cache-threads-negative", no_setup, CACHE + ["--threads", "-1", "--out", "{sandbox}/c"], ["--threads"]),
     ("regen-threads-negative", no_setup, REGEN + ["--n", "1", "--threads", "-1", "--out", "{sandbox}/r.jsonl"],
      ["--threads"]),
