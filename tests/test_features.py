@@ -230,3 +230,64 @@ def test_bad_topk_requests_are_refused_and_nothing_is_overwritten(target, tmp_pa
         cache_features(target, data, [0, 2], tmp_path / "k4", topk=4, progress=False)
     with pytest.raises(FeatureCacheError, match="top-4 log-probabilities"):
         FeatureCache(tmp_path / "k4", topk=8)
+
+
+def test_a_deadline_stops_the_pass_with_a_usable_partial_cache_that_resumes(target, tmp_path, capsys):
+    """Past its deadline the pass stops after the sequence it has (at least one), returns the sequences
+    cached so far, and the same call without a deadline finishes the cache."""
+    import time
+
+    data = sequences()
+    partial = cache_features(target, data, LAYERS, tmp_path / "cache", topk=4, progress=False,
+                             deadline=time.monotonic() - 1.0)
+    assert not partial.complete and partial.done == 1
+    assert "out of time after 1 of 5 sequences" in capsys.readouterr().err
+    assert torch.equal(partial.features(0), online(target, data[0]).bfloat16())
+    assert partial.topk(0).ids.shape == (len(data[0].input_ids), 4)
+    with pytest.raises(IndexError):
+        partial.features(1)
+    resumed = KilledAfter(target, calls=None)
+    cache = cache_features(resumed, data, LAYERS, tmp_path / "cache", topk=4, progress=False)
+    assert cache.complete and resumed.ran == len(data) - 1
+    assert torch.equal(cache.features(4), online(target, data[4]).bfloat16())
+
+
+def test_topk_log_probs_keeps_a_tiny_tail_exactly_and_minus_infinity_for_the_whole_vocabulary():
+    logits = torch.randn(300, 50, generator=torch.Generator().manual_seed(1)) * 3
+    logits[:5, 0] = 40.0  # a tail near 1e-16: lost in 1 - sum, kept by summing the rest
+    ids, out = F.topk_log_probs(logits, 3, chunk_rows=64)
+    log_p = torch.log_softmax(logits, dim=-1)
+    top, top_ids = log_p.topk(3, dim=-1)
+    assert torch.equal(ids, top_ids)
+    torch.testing.assert_close(out[:, :3], top, rtol=0, atol=1e-5)
+    rest = log_p.scatter(1, top_ids, float("-inf")).logsumexp(-1)
+    torch.testing.assert_close(out[:, 3], rest, rtol=1e-5, atol=1e-5)
+    assert out[:5, 3].max() < -30
+    whole = F.topk_log_probs(logits, 50)[1]
+    assert torch.isneginf(whole[:, 50]).all()
+
+
+def test_training_runs_on_the_partial_cache_a_deadline_left_and_a_rerun_extends_it(tmp_path, capsys):
+    """train(features_deadline=...) stops the teacher-forced pass and trains on the sequences it cached;
+    the same run resumed caches the rest."""
+    import time
+
+    from blockdraft.train.config import TrainConfig
+    from blockdraft.train.loop import train
+    from helpers import tiny_training_setup
+
+    root, model = tiny_training_setup(tmp_path / "setup")
+    config = TrainConfig(target=str(model), data=str(root / "data.jsonl"), out_dir=str(tmp_path / "run"),
+                         max_length=128, block_size=4, num_layers=1, objective="dpace", lr=3e-3, max_steps=4,
+                         num_anchors=8, save_every=2, log_every=1, target_dtype="fp32", autocast_bf16=False,
+                         threads=1, seed=3, features="cached", labels="teacher_forced", cache_topk=8, heldout=2)
+    final = train(config, features_deadline=time.monotonic() - 1.0)
+    assert (final / "model.safetensors").exists()
+    index = json.loads((tmp_path / "run" / "features" / F.INDEX_FILE).read_text())
+    assert index["done"] == 1 and not index["complete"]
+    assert "the feature cache holds 1 of" in capsys.readouterr().out
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    train(config, resume=True)  # nothing left to train, but the pass resumes and completes the cache
+    assert json.loads((tmp_path / "run" / "features" / F.INDEX_FILE).read_text())["complete"]

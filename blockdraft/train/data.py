@@ -54,7 +54,8 @@ def split_conversations(dataset, config: TrainConfig):
 class TrainingData:
     """Tokenised conversations plus their target features, online or from the cache."""
 
-    def __init__(self, config: TrainConfig, target: Target, layer_ids: tuple[int, ...], dist_info: Distributed):
+    def __init__(self, config: TrainConfig, target: Target, layer_ids: tuple[int, ...], dist_info: Distributed, *,
+                 features_deadline: float | None = None):
         from ..data.conversations import TokenizedDataset
 
         if target.tokenizer is None:
@@ -84,11 +85,25 @@ class TrainingData:
             folder = Path(config.feature_cache or Path(config.out_dir) / "features")
             topk = config.resolved_cache_topk()
             if dist_info.is_main:
-                cache_features(target, self.dataset, layer_ids, folder, topk=topk)
+                cache_features(target, self.dataset, layer_ids, folder, topk=topk, deadline=features_deadline)
             if dist_info.world_size > 1:
                 dist.barrier()
-            self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset, topk=topk, target=target)
+            self.cache = FeatureCache(folder, layer_ids=layer_ids, dataset=self.dataset, topk=topk, target=target,
+                                      allow_incomplete=features_deadline is not None)
             self.with_logits = False
+            if not self.cache.complete:
+                self._keep_cached(self.cache.done)
+
+    def _keep_cached(self, done: int) -> None:
+        """A feature pass stopped by its deadline: train (and evaluate) on the first `done` sequences only;
+        when none of them is a training one, the held-out ones train instead (no evaluation)."""
+        train_ids = [i for i in self.train_ids if i < done]
+        heldout = [i for i in self.heldout if i < done]
+        if not train_ids:
+            train_ids, heldout = heldout, []
+        print(f"train: the feature cache holds {done} of {len(self.dataset)} sequences (out of time); training on "
+              f"{len(train_ids)} of {len(self.train_ids)}, evaluating on {len(heldout)} held out", flush=True)
+        self.train_ids, self.heldout = train_ids, heldout
 
 
     def __len__(self) -> int:

@@ -121,18 +121,25 @@ def bytes_per_token(num_features: int, dtype: torch.dtype, topk: int = 0,
 @torch.no_grad()
 def topk_log_probs(logits: torch.Tensor, k: int, *, chunk_rows: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (S, V) -> ids (S, k) int64 most likely first, and log-probs (S, k + 1) float32: the k
-    log-probabilities, then the log of the mass outside them (a log-sum-exp over the rest, so a tail of
-    1e-9 is kept exactly instead of vanishing in 1 - sum; -inf when k = V). Chunked over rows."""
+    log-probabilities, then the log of the mass outside them (summed over the rest directly, so a tail
+    of 1e-9 is kept exactly instead of vanishing in 1 - sum; -inf when k = V). Chunked over rows.
+
+    Two passes over the vocabulary per row after the top-k (one exp, two sums, the top-k entries zeroed
+    in place between them) instead of three log-sum-exps and a copy: on a CPU this part costs as much
+    as a few target layers otherwise.
+    """
     ids = torch.empty(logits.shape[0], k, dtype=torch.long, device=logits.device)
     out = torch.empty(logits.shape[0], k + 1, dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], chunk_rows):
         x = logits[start:start + chunk_rows].float()  # (r, V)
-        lse = torch.logsumexp(x, dim=-1, keepdim=True)  # (r, 1)
         top, top_ids = x.topk(k, dim=-1)  # (r, k), sorted, most likely first
-        rest = x.scatter(1, top_ids, float("-inf"))
+        peak = top[:, :1]  # (r, 1): the row's maximum, so exp never overflows
+        p = torch.sub(x, peak).exp_()  # (r, V) unnormalised probabilities, largest 1
+        log_total = p.sum(dim=-1, keepdim=True).log_()  # (r, 1)
+        rest = p.scatter_(1, top_ids, 0.0).sum(dim=-1, keepdim=True)  # (r, 1) mass outside the top k
         ids[start:start + chunk_rows] = top_ids
-        out[start:start + chunk_rows, :k] = top - lse
-        out[start:start + chunk_rows, k] = (torch.logsumexp(rest, dim=-1, keepdim=True) - lse).squeeze(1)
+        out[start:start + chunk_rows, :k] = top - peak - log_total
+        out[start:start + chunk_rows, k] = (rest.log() - log_total).squeeze(1)
     return ids, out
 
 
@@ -143,7 +150,7 @@ def _is_subset(layer_ids: Sequence[int], cached: Sequence[int] | None) -> bool:
 def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: Sequence[int],
                    out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, topk: int = 0,
                    logprob_dtype: torch.dtype = torch.float16, flush_seconds: float = 10.0,
-                   progress: bool = True) -> "FeatureCache":
+                   progress: bool = True, deadline: float | None = None) -> "FeatureCache":
     """Run `target` once over each sequence of `dataset` and store the features of `layer_ids`
     (DFlash's convention: layer l = hidden_states[l + 1]) in `out_dir`; resume an interrupted run there.
     With `topk` = k > 0 also store the target's top-k next-token log-probabilities and tail at every
@@ -151,6 +158,10 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
 
     dataset[i].input_ids (S_i,) -> rows offsets[i] : offsets[i] + S_i of the (total_tokens, F) file.
     Returns the finished cache, opened read-only.
+
+    `deadline` (a `time.monotonic()` value) stops before a sequence that this run's rate says would end
+    after it, once the cache holds at least one: the cache is returned unfinished (`complete` False,
+    the first `done` sequences readable) and a later call resumes it.
     """
     if dtype not in STORAGE:
         raise FeatureCacheError(f"cannot store features as {dtype}; use torch.bfloat16, torch.float16 or torch.float32")
@@ -244,8 +255,14 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
 
     bar = tqdm(total=len(lengths), initial=done, desc="features", unit="seq", disable=not progress)
     last_flush, started, new_tokens = time.monotonic(), time.monotonic(), 0
+    out_of_time = False
     try:
         for i in range(done, len(lengths)):
+            if deadline is not None and done > 0:
+                rate = new_tokens / max(time.monotonic() - started, 1e-9)  # this run's tokens per second
+                if time.monotonic() + (lengths[i] / rate if new_tokens else 0.0) > deadline:
+                    out_of_time = True
+                    break
             input_ids = dataset[i].input_ids.to(target.device)[None]  # (1, S_i)
             rows = slice(offsets[i], offsets[i + 1])
             # The online path's own call, so cached features equal online ones up to the storage dtype.
@@ -272,8 +289,14 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
         bar.close()
     elapsed = time.monotonic() - started
     if new_tokens:
-        print(f"features: {new_tokens:,} tokens in {elapsed:.1f} s = {new_tokens / max(elapsed, 1e-9):.0f} tok/s",
+        print(f"features: {new_tokens:,} tokens in {elapsed:.1f} s = {new_tokens / max(elapsed, 1e-9):.1f} tok/s",
               file=sys.stderr)
+    if out_of_time:
+        print(f"features: out of time after {done} of {len(lengths)} sequences ({offsets[done]:,} tokens); the "
+              f"cache serves those, and the same call resumes it", file=sys.stderr)
+        del maps
+        return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target,
+                            allow_incomplete=True)
     index["complete"] = True
     _write_index(out_dir, index)
     del maps
@@ -383,6 +406,11 @@ class FeatureCache:
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every sequence is cached (else only the first `done`: a pass stopped by its deadline)."""
+        return self.done == len(self.lengths)
 
     def _span(self, i: int) -> slice:
         if not 0 <= i < self.done:

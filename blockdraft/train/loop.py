@@ -56,13 +56,14 @@ def _device(config: TrainConfig):
 
 
 def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
-          deadline: float | None = None, overwrite: bool = False) -> Path:
+          deadline: float | None = None, overwrite: bool = False, features_deadline: float | None = None) -> Path:
     """Train a drafter per `config`; returns the final checkpoint folder.
 
     `stop_after` ends the run after that many steps of this invocation (used to test resume).
     `deadline` (a `time.monotonic()` value) ends it at the first step boundary past that time,
     with a checkpoint there; the schedule still spans `max_steps`, so `--resume` continues it.
-    Both return the last checkpoint folder instead of `final`.
+    Both return the last checkpoint folder instead of `final`. With `features="cached"` the feature pass
+    stops at `features_deadline` (default: `deadline`) and the run trains on the sequences it cached.
 
     `out_dir` must be new, empty or an earlier run's folder (`overwrite`: any folder; files of its own
     names are replaced, nothing else is deleted). The run holds a lock on it, so a second trainer
@@ -84,11 +85,14 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     # the target's folder, whose files it would mix with its own.
     out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir", replaced=False,
                             protect=[config.target if Path(config.target).is_dir() else None, config.drafter_init])
+    features_deadline = deadline if features_deadline is None else features_deadline
     if not dist_info.is_main:
-        return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
+        return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
+                    features_deadline=features_deadline)
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
-        return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline)
+        return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
+                    features_deadline=features_deadline)
 
 
 # ------------------------------------------------------------------ setup
@@ -142,7 +146,8 @@ class StepResult:
     term_logs: list[dict] = field(default_factory=list)
 
 
-def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool) -> Run:
+def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool,
+          features_deadline: float | None = None) -> Run:
     """Target, data, drafter (new, from `drafter_init` or resumed), heads, optimizer and objective."""
     torch.manual_seed(config.seed)
     out_dir = Path(config.out_dir)
@@ -167,7 +172,7 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
         config.target_layer_ids or default_target_layer_ids(target.num_layers, config.num_layers))
     if dist_info.is_main:  # marks the folder as a training run (files.output_kind) before any features land
         (out_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    data = TrainingData(config, target, tuple(layer_ids), dist_info)
+    data = TrainingData(config, target, tuple(layer_ids), dist_info, features_deadline=features_deadline)
     if state is not None:
         check_same_data(state, data.dataset.fingerprint, config, resume_from)
     if drafter is None:
@@ -349,8 +354,8 @@ def _append(path: Path, row: dict) -> None:
 
 
 def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool,
-         stop_after: int | None, deadline: float | None) -> Path:
-    run = setup(config, device, dist_info, resume=resume)
+         stop_after: int | None, deadline: float | None, features_deadline: float | None = None) -> Path:
+    run = setup(config, device, dist_info, resume=resume, features_deadline=features_deadline)
     out_dir = run.out_dir
     metrics_path = out_dir / "metrics.jsonl"
     if dist_info.is_main and metrics_path.exists():
