@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ..config import ConfigError
+from ..config import MAX_BLOCK_SIZE, ConfigError, check_field_types, check_ranges
 from ..data.anchors import sample_anchors
 from ..data.conversations import shuffled_indices
 from ..checkpoints.local_head import save_local_head
@@ -68,22 +68,14 @@ class LocalHeadTrainConfig:
     device: str | None = None
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if self.variant not in LOCAL_VARIANTS:
             raise ConfigError(f"variant must be one of {LOCAL_VARIANTS}, got {self.variant!r}")
-        positive = ("block_size", "num_anchors", "gru_hidden_size", "rank", "max_length", "batch_size",
-                    "accumulation_steps", "epochs", "anchor_chunk")
-        for name in positive:
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.block_size < 2:
-            raise ConfigError(f"block_size must be >= 2 (an anchor and one prediction), got {self.block_size}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"max_steps must be >= 1 (or None for `epochs` passes), got {self.max_steps}")
-        if not (self.lr > 0 and self.gamma > 0 and self.grad_clip > 0 and self.weight_decay >= 0):
-            raise ConfigError(f"lr, gamma and grad_clip must be > 0 and weight_decay >= 0, got lr {self.lr}, "
-                              f"gamma {self.gamma}, grad_clip {self.grad_clip}, weight_decay {self.weight_decay}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        check_ranges(self, {"block_size": f"[2, {MAX_BLOCK_SIZE}]", "num_anchors": ">= 1", "gru_hidden_size": ">= 1",
+                            "rank": ">= 1", "max_length": ">= 1", "batch_size": ">= 1", "accumulation_steps": ">= 1",
+                            "epochs": ">= 1", "anchor_chunk": ">= 1", "max_steps": ">= 1", "lr": "> 0",
+                            "gamma": "> 0", "grad_clip": "> 0", "weight_decay": ">= 0", "warmup_ratio": "[0, 1)",
+                            "smoothing": "> 0", "seed": ">= 0"})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
