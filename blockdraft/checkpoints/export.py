@@ -94,6 +94,8 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
         notes.append(f"dropped the {d2t.numel()}-token draft vocabulary (--full-vocab): {consumer} drafts over all "
                      f"{config.vocab_size} tokens, so its drafts can differ from ours")
 
+    if config.is_dflash2:
+        config = _dflash2_parts(consumer, config, state, d2t, notes)
     if consumer == "vllm" and scale != 1.0:
         embed = _need(target, "vLLM does not scale input embeddings, so the scaled table is shipped")
         with torch.no_grad():
@@ -118,6 +120,40 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
 
     atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
     return notes
+
+
+def _dflash2_parts(consumer: str, config: DFlashConfig, state: dict[str, torch.Tensor], d2t: torch.Tensor | None,
+                   notes: list[str]) -> DFlashConfig:
+    """DFlash 2's convolutions export as they are; its candidate selector as each engine can read it.
+
+    Every DFlash 2 loader builds the selector (the reference's `DFlash2DraftModel` always does): a drafter
+    without one is written with a top-1 selector and zero codebooks, which drafts the backbone's argmax
+    (what ours drafts greedily; at T > 0 the engine then drafts by argmax, still lossless). The engines'
+    selectors read codebooks over the verifier's whole vocabulary: ours over a reduced draft vocabulary
+    are spread to those rows (zeros elsewhere) where the export drafts over every token (--full-vocab),
+    and refused for vLLM, whose reduced-vocabulary form (d2t) has no place for them."""
+    selector_keys = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+    if not config.has_selector:
+        stored = state["fc.weight"].dtype
+        state["candidate_selector.hidden_projection.weight"] = torch.zeros(1, config.hidden_size, dtype=stored)
+        for key in selector_keys:
+            state[key] = torch.zeros(config.vocab_size, 1, dtype=stored)
+        notes.append(f"no candidate selector: wrote a top-1 selector with zero codebooks, which {consumer}'s DFlash 2 "
+                     "loader needs; it drafts the backbone's argmax (greedy drafts unchanged; at T > 0 it drafts by "
+                     "argmax)")
+        return dataclasses.replace(config, selector_rank=1, selector_top_k=1)
+    if d2t is None:
+        return config
+    if consumer == "vllm":
+        raise ConfigError("vLLM's DFlash 2 candidate selector reads codebooks over the verifier's whole vocabulary, but "
+                          f"this drafter's selector covers a {d2t.numel()}-token draft vocabulary: export --for zlab or "
+                          "sglang with --full-vocab, or train a selector over the full vocabulary")
+    for key in selector_keys:
+        rows = state[key]
+        state[key] = rows.new_zeros(config.vocab_size, rows.shape[1]).index_copy_(0, d2t, rows)  # (V, r)
+    notes.append(f"spread the selector's codebooks from the {d2t.numel()}-token draft vocabulary to all "
+                 f"{config.vocab_size} tokens (zero rows elsewhere)")
+    return config
 
 
 def _stored_dtype(folder: Path) -> torch.dtype:
