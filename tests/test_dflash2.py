@@ -248,9 +248,10 @@ def test_sampled_batch_rows_draw_what_each_row_draws_alone():
 
 
 VOCAB = 8
-NEW = 4  # the prefill's token, then a round verifying 2 drafted tokens (+ correction or bonus), then the rest
+NEW = 4  # the prefill's token t1, then a first round verifying 2 drafted tokens (+ correction or bonus), ...
+COMPARED = 3  # ... so t2 and t3 are decided by that two-deep round (or by the next one after a rejection)
 PROMPT = torch.tensor([[1, 4, 2, 7, 3]])
-DRAWS = 2000
+DRAWS = 600
 
 
 @pytest.fixture(scope="module")
@@ -264,22 +265,22 @@ def sampling_case():
 
 
 def exact_joint(target, sampling):
-    """P(t1..t4) under plain target sampling, by enumerating every 3-token prefix in one batch."""
+    """P(t1, t2, t3) under plain target sampling, by enumerating every 2-token prefix in one batch."""
     import itertools
 
     from blockdraft.decode.sampling import to_probs
 
-    prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW - 1)))  # (V^3, 3)
+    prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=COMPARED - 1)))  # (V^2, 2)
     batch = torch.cat([PROMPT.expand(len(prefixes), -1), prefixes], dim=1)
     with torch.no_grad():
         logits = target.model(batch).logits.float()
     n = PROMPT.shape[1]
-    probs = [to_probs(logits[:, n - 1 + i], sampling) for i in range(NEW)]  # each (V^3, V)
+    probs = [to_probs(logits[:, n - 1 + i], sampling) for i in range(COMPARED)]  # each (V^2, V)
     joint = {}
     for row, prefix in enumerate(prefixes.tolist()):
-        head = probs[0][row, prefix[0]] * probs[1][row, prefix[1]] * probs[2][row, prefix[2]]
+        head = probs[0][row, prefix[0]] * probs[1][row, prefix[1]]
         for last in range(VOCAB):
-            joint[(*prefix, last)] = float(head * probs[3][row, last])
+            joint[(*prefix, last)] = float(head * probs[2][row, last])
     return joint
 
 
@@ -288,7 +289,8 @@ def sampled_counts(target, drafter, sampling):
     for seed in range(DRAWS):
         result = blockdraft.generate(target, drafter, PROMPT, max_new_tokens=NEW, stop_token_ids=(), seed=seed,
                                      temperature=sampling.temperature)
-        counts[tuple(result.tokens)] = counts.get(tuple(result.tokens), 0) + 1
+        key = tuple(result.tokens[:COMPARED])
+        counts[key] = counts.get(key, 0) + 1
         first = result.rounds[0]
         deep_rounds += first.proposed == 2
         second_verified += first.accepted >= 1  # the first draft passed, so the second met min(1, p/q) too
@@ -296,7 +298,7 @@ def sampled_counts(target, drafter, sampling):
 
 
 def test_selector_sampling_at_t1_matches_the_target_distribution(sampling_case):
-    """T = 1, two drafted tokens verified in the first round: the emitted 4-token sequences follow the
+    """T = 1, two drafted tokens verified in the first round: the first three emitted tokens follow the
     target's exact joint law (chi-square), with q the selector's distribution over its candidates."""
     from test_decode_sampling import chi_square_p
 
@@ -305,6 +307,7 @@ def test_selector_sampling_at_t1_matches_the_target_distribution(sampling_case):
     counts, deep_rounds, second_verified = sampled_counts(target, drafter, sampling)
     assert deep_rounds == DRAWS, "every draw must verify two drafted tokens in its first round"
     assert second_verified > DRAWS // 10, "the second draft must often reach the acceptance test"
+    assert len(counts) > 20
     assert chi_square_p(counts, exact_joint(target, sampling), DRAWS) > 1e-3
 
 
@@ -422,3 +425,53 @@ def test_export_writes_what_each_engine_reads_and_refuses_the_rest(tmp_path):
         assert any("top-1 selector" in note for note in notes)
         config = json.loads((tmp_path / consumer / "config.json").read_text())["dflash_config"]
         assert (config["selector_rank"], config["selector_top_k"]) == (1, 1)
+
+
+# ------------------------------------------------------------------ training
+
+def test_teacher_forced_selector_scores_are_what_the_walk_scores():
+    """Labelled with the drafted tokens, the teacher-forced batch's selector argmax is the greedy walk."""
+    from helpers import teacher_forced_block
+
+    target = tiny_target("qwen3")
+    drafter = init_drafter(target, num_layers=1, block_size=8, arch="dflash2", selector_rank=8, selector_top_k=6)
+    randomise_dflash2(drafter, conv=0.3, selector=3.0)
+    proposal, batch = teacher_forced_block(target, drafter, proposals=7, with_logits=False)
+    torch.testing.assert_close(batch.draft_logits[0], proposal.logits, rtol=1e-4, atol=1e-4)
+    walked = batch.selector_ids[0].gather(-1, batch.selector_scores[0].argmax(-1, keepdim=True))[:, 0]
+    assert walked.tolist() == proposal.tokens.tolist()
+    assert (proposal.tokens != proposal.logits.argmax(-1)).any(), "the selector must reorder a slot here"
+
+
+def test_selector_ce_leaves_out_gold_tokens_missing_from_the_top_k_and_records_recall():
+    from blockdraft.losses import selector_ce, selector_weight
+
+    scores = torch.tensor([[[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]]], requires_grad=True)  # (1, K=2, k=3)
+    ids = torch.tensor([[[5, 7, 9], [1, 2, 3]]])
+    labels = torch.tensor([[7, 4]])  # slot 1's gold is candidate 1; slot 2's gold is not a candidate
+    terms = selector_ce(scores, ids, labels, torch.ones(1, 2))
+    assert float(terms.den) == 1.0 and float(terms.extras["topk_recall"]) == 0.5
+    torch.testing.assert_close(terms.num, -torch.log_softmax(scores[0, 0], -1)[1])
+    terms.num.backward()
+    assert scores.grad[0, 1].abs().sum() == 0  # the slot without its gold gets no gradient
+    assert float(selector_ce(scores, ids, labels, torch.tensor([[0.0, 1.0]])).den) == 0.0
+    assert [selector_weight(step, 0.5, 2, 4) for step in range(8)] == [0, 0, 0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
+
+
+def test_training_a_dflash2_drafter_with_cached_features_trains_its_selector(tmp_path):
+    """The backbone objective + α·selector CE on cached features: the selector (silent at initialisation)
+    learns, `topk_recall` and the selector CE are logged, and the checkpoint loads as DFlash 2."""
+    from blockdraft.train.loop import train
+    from helpers import tiny_training_setup
+    from test_train import make_config
+
+    setup = tiny_training_setup(tmp_path)
+    saved_run = train(make_config(setup, tmp_path / "run", max_steps=4, features="cached", arch="dflash2",
+                                  selector_rank=8, selector_top_k=8, selector_alpha=1.0, selector_ramp_steps=2))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [row["terms"] for row in rows if "terms" in row]
+    assert logged and all(0 <= terms["selector/topk_recall"] <= 1 and terms["selector/ce"] >= 0 for terms in logged)
+    assert any(terms["selector/topk_recall"] > 0 and terms["selector/ce"] > 0 for terms in logged)
+    assert [terms["selector/alpha"] for terms in logged][:2] == [0.5, 1.0]
+    drafter = load_drafter(saved_run, str(setup[1]))
+    assert drafter.config.is_dflash2 and drafter.model.candidate_selector.hidden_projection.weight.abs().sum() > 0

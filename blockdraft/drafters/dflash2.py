@@ -114,6 +114,15 @@ class CandidateSelector(nn.Module):
         rows = self.predecessor_codebook[previous.clamp(min=0)].float() * (previous >= 0)[..., None]
         return torch.einsum("...r,...kr->...k", rows * projected.float(), self.successor_codebook[ids].float())
 
+    def block_scores(self, hidden: torch.Tensor, logits: torch.Tensor,
+                     previous: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced scores of whole blocks: hidden (n, K, H), logits (n, K, V), previous (n, K) the
+        token before each slot (the anchor for slot 1, then the labels; -1 = outside the vocabulary).
+        Returns (S (n, K, top_k) float32, candidate ids (n, K, top_k)): what `walk` scores at each slot when
+        it walked the same tokens."""
+        unary, ids = self.candidates(logits)
+        return unary + self.pair_scores(self.hidden_projection(hidden).float(), previous, ids), ids
+
     def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, sampling: SamplingConfig,
              generator: torch.Generator | None, *, argmax: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One row's block: hidden (k, H), logits (k, V) over the selector's vocabulary, anchor its id there

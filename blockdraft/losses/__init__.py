@@ -56,6 +56,7 @@ from .heads import DOMINO_VARIANTS, domino, dspark_heads  # noqa: F401 (re-expor
 from .objectives import (accept_rate, auf, auf_decay, chain_reward, decay, dpace,  # noqa: F401 (re-exported)
                          dpace_continuation, dpace_cumulative, dpace_target, dpakl, first_error_focal, kl, kl_decay,
                          l2r, topk_mask, uniform)
+from .selector import selector_ce, selector_weight, with_selector  # noqa: F401 (re-exported)
 from .terms import (DECAY_GAMMA_BY_BLOCK, LossFn, LossKnobs, LossTerms, Normalisation,  # noqa: F401 (re-exported)
                     combine_terms, decay_weights, default_gamma, dpace_weights)
 

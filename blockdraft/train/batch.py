@@ -33,6 +33,10 @@ class TeacherForcedBatch:
     soft_targets: TopKTargets | None = None  # the cached top-k targets of each slot, in draft ids
     base_logits: Tensor | None = None  # (n, K, V_draft) the backbone's own U_k (with heads: Domino's base branch)
     confidence_logits: Tensor | None = None  # (n, K) pre-sigmoid c_k of DSpark's confidence head
+    # DFlash 2's candidate selector (drafters/dflash2.py), teacher-forced: each slot's top-k candidates by the
+    # backbone's logits and their scores against the true previous token (`losses.selector_ce` reads them)
+    selector_scores: Tensor | None = None  # (n, K, top_k) float32 S_k
+    selector_ids: Tensor | None = None  # (n, K, top_k) draft ids of the candidates
 
     def __getitem__(self, name: str):
         return getattr(self, name)
@@ -40,7 +44,7 @@ class TeacherForcedBatch:
     def loss_inputs(self) -> dict[str, object]:
         """The inputs an objective may read besides (draft_logits, labels, mask); `losses.call_loss`
         passes each only to the objectives that take it. Absent ones are left out."""
-        skip = {"draft_logits", "labels", "mask", "blocks"}
+        skip = {"draft_logits", "labels", "mask", "blocks", "selector_scores", "selector_ids"}
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in skip and getattr(self, f.name) is not None}
 
@@ -89,6 +93,16 @@ def teacher_forced_batch(drafter: DFlashDrafter | HeadedDrafter, input_ids: Tens
                 logits = head.block_logits(prev, hidden, logits).float()
             if confidence is not None:
                 confidence_logits = confidence.slot_logits(prev, hidden)  # (n, K)
+    selector_scores = selector_ids = None
+    selector = backbone.model.candidate_selector
+    if selector is not None:
+        # The selector trains on the backbone's outputs as they are (detached): α weighs its own CE only.
+        target_labels = labels[0] if labels is not None else full.labels
+        previous = torch.cat([input_ids[anchors][:, None], target_labels[:, :-1]], dim=1)  # (n, K) target ids
+        if draft_head.vocab_map is not None:
+            previous = draft_head.vocab_map.target_to_draft(target.vocab_size)[previous]  # -1 outside
+        selector_scores, selector_ids = selector.block_scores(
+            hidden.detach().to(selector.hidden_projection.weight.dtype), base.detach(), previous)
     t_logits = None
     if target_logits is not None:
         # The target predicts position t from t - 1.
@@ -99,4 +113,5 @@ def teacher_forced_batch(drafter: DFlashDrafter | HeadedDrafter, input_ids: Tens
     if teacher_rows is not None:
         soft = block_soft_targets(teacher_rows, label_positions, draft_head.vocab_map, target.vocab_size)
     return TeacherForcedBatch(logits, draft_labels, mask, full, target_logits=t_logits, soft_targets=soft,
-                              base_logits=base if heads is not None else None, confidence_logits=confidence_logits)
+                              base_logits=base if heads is not None else None, confidence_logits=confidence_logits,
+                              selector_scores=selector_scores, selector_ids=selector_ids)

@@ -26,7 +26,8 @@ RANGES = {
     "sequences_per_step": ">= 1", "num_anchors": ">= 1", "weight_decay": ">= 0", "seed": ">= 0",
     "cache_topk": ">= 0", "threads": ">= 1", "heldout": ">= 0", "train_conversations": ">= 1",
     "eval_every": ">= 1", "eval_anchors": ">= 1", "save_every": ">= 1", "log_every": ">= 1",
-    "keep_checkpoints": ">= 1",
+    "keep_checkpoints": ">= 1", "selector_alpha": ">= 0", "selector_warmup_steps": ">= 0",
+    "selector_ramp_steps": ">= 0", "selector_rank": ">= 1", "selector_top_k": ">= 1",
 }
 
 
@@ -75,6 +76,15 @@ class TrainConfig:
     domino_lambda_start: float = 1.0
     domino_lambda_end: float = 0.0
     domino_anneal_ratio: float = 1.0
+    # DFlash 2 (a new drafter with arch="dflash2", or a drafter_init that is one): block convolutions and, with
+    # selector_rank, the candidate selector; loss = objective + α·selector CE (losses/selector.py), α = 0 for
+    # selector_warmup_steps steps, then ramped linearly to selector_alpha over selector_ramp_steps
+    arch: str = "dflash"
+    selector_rank: int | None = 256
+    selector_top_k: int = 16
+    selector_alpha: float = 0.5
+    selector_warmup_steps: int = 0
+    selector_ramp_steps: int = 0
     # optimisation (D-PACE App. C / DFlash recipe defaults)
     lr: float = 6e-4
     warmup_ratio: float = 0.04
@@ -133,6 +143,9 @@ class TrainConfig:
             raise ConfigError(f"target_dtype must be auto or one of {sorted(DTYPES)}, got {self.target_dtype!r}")
         if self.features not in FEATURE_MODES:
             raise ConfigError(f"features must be one of {FEATURE_MODES}, got {self.features!r}")
+        if self.arch not in ("dflash", "dflash2"):
+            raise ConfigError(f"arch must be dflash or dflash2 (DFlash 2: block convolutions + candidate selector), "
+                              f"got {self.arch!r}")
         if self.max_length < self.block_size + 1:
             raise ConfigError(f"max_length ({self.max_length}) must exceed block_size ({self.block_size})")
         self.loss_knobs()  # validates the knobs

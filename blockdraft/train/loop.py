@@ -33,7 +33,7 @@ from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
 from ..files import LOCK_NAME, check_out_dir, folder_lock
-from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss
+from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss, selector_ce, selector_weight, with_selector
 from ..target import Target, load_target
 from .batch import TeacherForcedBatch, teacher_forced_batch
 from .checkpoint import TrainingError, check_same_data, latest_checkpoint, load_train_state, save_checkpoint
@@ -227,7 +227,8 @@ def _new_drafter(config: TrainConfig, target: Target, data: TrainingData, dist_i
                   f"{coverage(training, draft_vocab):.1%} of the supervised training tokens{held}", flush=True)
     return init_drafter(target, num_layers=config.num_layers, block_size=config.block_size,
                         intermediate_size=config.intermediate_size, target_layer_ids=config.target_layer_ids, seed=config.seed, draft_vocab=draft_vocab,
-                        from_target_layers=config.init_from_target)
+                        from_target_layers=config.init_from_target, arch=config.arch,
+                        selector_rank=config.selector_rank, selector_top_k=config.selector_top_k)
 
 
 def _print_banner(run: Run) -> None:
@@ -264,6 +265,10 @@ def micro_batch(run: Run, index: int, step: int) -> tuple[TeacherForcedBatch, Lo
                                  train_backbone=config.train_backbone, autocast=run.use_autocast)
     terms = call_loss(run.loss_fn, batch.draft_logits, batch.labels, batch.mask, knobs=run.knobs, num_sequences=1,
                       **batch.loss_inputs(), **objective_inputs(config, step))
+    if batch.selector_scores is not None:  # DFlash 2's candidate selector: + α·selector CE
+        alpha = selector_weight(step, config.selector_alpha, config.selector_warmup_steps, config.selector_ramp_steps)
+        terms = with_selector(terms, alpha, selector_ce(batch.selector_scores, batch.selector_ids, batch.labels,
+                                                        batch.mask))
     return batch, terms
 
 
@@ -320,12 +325,15 @@ def _collect_logs(run: Run, result: StepResult, batch: TeacherForcedBatch, terms
     result.diagnostics.append(diagnostics(batch.draft_logits.detach(), batch.labels, batch.mask, run.knobs))
     if run.logs_base:
         result.base_diagnostics.append(diagnostics(batch.base_logits.detach(), batch.labels, batch.mask, run.knobs))
+    logs = {}
     if run.headed is not None:
-        result.term_logs.append({k: float(v) for k, v in terms.extras.items()
-                                 if v.numel() == 1 and not k.endswith(("/num", "/den"))})
+        logs = {k: float(v) for k, v in terms.extras.items() if v.numel() == 1 and not k.endswith(("/num", "/den"))}
     elif run.config.objective_terms:  # each named term's own value num/den
-        result.term_logs.append({name: float(terms.extras[f"{name}/num"] / terms.extras[f"{name}/den"].clamp(
-            min=1e-12)) for name in run.config.loss_names()})
+        logs = {name: float(terms.extras[f"{name}/num"] / terms.extras[f"{name}/den"].clamp(min=1e-12))
+                for name in run.config.loss_names()}
+    logs.update({k: float(v) for k, v in terms.extras.items() if k.startswith("selector/")})  # topk_recall, ...
+    if logs:
+        result.term_logs.append(logs)
 
 
 # ------------------------------------------------------------------ logging
