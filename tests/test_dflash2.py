@@ -238,6 +238,23 @@ def test_greedy_dflash2_equals_plain_decoding_as_chains_trees_and_batch_rows():
     assert sum(d.accepted for r in trees for d in r.rounds) > 10
 
 
+def test_a_reduced_vocabulary_selector_decodes_losslessly_and_saves_over_an_earlier_drafter(tmp_path):
+    """Codebooks over a 128-token draft vocabulary (the CPU-sized variant, with a small rank): anchors outside it
+    have no predecessor row; greedy output is still the target's own."""
+    target = tiny_target("qwen3")
+    drafter = init_drafter(target, num_layers=1, block_size=6, arch="dflash2", selector_rank=4, selector_top_k=8,
+                           draft_vocab=torch.arange(0, 256, 2))
+    randomise_dflash2(drafter, selector=3.0)
+    assert drafter.model.candidate_selector.successor_codebook.shape == (128, 4)
+    assert drafter.head.to_draft_id(3) == -1 and drafter.head.to_draft_id(4) == 2
+    for prompt in prompts(2, seed=11):
+        plain = blockdraft.generate(target, None, prompt, max_new_tokens=24, stop_token_ids=()).tokens
+        assert blockdraft.generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=()).tokens == plain
+    save_drafter(drafter.model, tmp_path / "d")
+    save_drafter(drafter.model, tmp_path / "d")  # an earlier DFlash 2 folder is a drafter folder to replace
+    assert load_drafter(tmp_path / "d", target).config.draft_vocab_size == 128
+
+
 def test_sampled_batch_rows_draw_what_each_row_draws_alone():
     target, drafter = trained_dflash2("qwen3")
     batch = prompts(3, seed=5)
