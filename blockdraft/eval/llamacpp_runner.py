@@ -33,6 +33,7 @@ from typing import Any
 from ..config import ConfigError
 from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
+from .measurement import Measurement
 
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
 MODES = ("plain", "ngram-mod", "dflash", "dspark")
@@ -204,8 +205,6 @@ class LlamaCppRunner:
                               f"{theirs[:8]}...): the GGUF is another model's; pass gguf= for this target's file")
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int):
-        from .methods import Measurement
-
         if self.server is None:
             raise EngineError(f"{self.method}: its llama-server is not running")
         tokens, timings = self.server.complete(prompt_ids, max_new_tokens, seed=seed)

@@ -51,7 +51,7 @@ candidates too, so it counts as a round).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ from ..drafters.small_ar import SmallARDrafter
 from ..drafters.tree import TreeDrafter
 from ..target import Target, load_target
 from ..timing import elapsed, synchronize, timed
+from .measurement import Measurement
 
 KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid", "hf-assisted", "hf-prompt-lookup", "llamacpp")
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -236,24 +237,6 @@ def parse_method(text: str) -> MethodSpec:
             raise ConfigError(f"hf-prompt-lookup:N needs a positive integer N, got {text!r}")
         arg = str(int(arg))
     return MethodSpec(kind, arg)
-
-
-@dataclass
-class Measurement:
-    """One generation, in the uniform shape every method reports."""
-
-    tokens: list[int]
-    prompt_length: int
-    prefill_s: float
-    decode_s: float
-    stop_reason: str
-    rounds: dict[str, list] | None = None  # our loop: one column per RoundRecord field + draft_tokens
-    target_calls: int | None = None  # HF peers: target forward passes inside generate()
-    generate_s: float | None = None  # HF peers: the whole generate() call
-    engine_timings: dict[str, Any] | None = None  # llama.cpp: the server's own per-request timings
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _round_time(seconds: float) -> float:
