@@ -170,7 +170,8 @@ class VocabMap(nn.Module):
         return t2d
 
 
-DFLASH2_PARTS = ("candidate_selector",)
+#: module names of DFlash 2's parts, which keep their own initialisation
+DFLASH2_PARTS = ("attention_conv", "mlp_conv", "candidate_selector")
 
 
 class DFlashDraftModel(nn.Module):
@@ -200,7 +201,7 @@ class DFlashDraftModel(nn.Module):
         for name, module in self.named_modules():
             # DFlash 2's parts keep their own initialisation (the identity convolution, a silent selector),
             # so a seed gives the same backbone with or without them.
-            if isinstance(module, nn.Linear) and not name.startswith(DFLASH2_PARTS) and "_conv." not in name:
+            if isinstance(module, nn.Linear) and not set(name.split(".")) & set(DFLASH2_PARTS):
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
