@@ -9,8 +9,11 @@ Existing answers are the default since the labels study (docs/studies/2026-11-24
 a teacher-forced pass labels every assistant token with the target's own greedy choice at several
 times the speed of regeneration, and the drafters trained on it matched regenerated ones.
 
-Every stage resumes: regeneration appends to its JSONL, training continues from its latest
-checkpoint, the benchmark skips prompts already measured. `--budget` (minutes) scales the work.
+Every stage resumes: regeneration appends to its JSONL, the feature pass continues its cache, training
+continues from its latest checkpoint, the benchmark skips prompts already measured. `--budget` (minutes)
+is kept by the clock: the plan is sized from a probe of this machine's throughput (`probe_throughput`, a
+few seconds), and every stage, the teacher-forced feature pass included, stops starting new work when its
+share of the time is spent, leaving what it has done usable (a partial feature cache trains on what it holds).
 """
 
 from __future__ import annotations
@@ -28,18 +31,52 @@ RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distil
            "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
 
 
+# Shares of the time left after fetching; the rest goes to the probe, the float32 check and the report.
+# Each stage stops starting new work (a regeneration batch, a cached sequence, a training step, a benchmark
+# prompt) when its share is spent, so the whole job keeps to the budget on a slow machine as on a fast one.
+SHARES = {"regen": 0.30, "train": 0.30, "bench": 0.25}
+CHECK_SHARE = 0.10  # a float32 check run apart from a bf16 benchmark; a float32 benchmark answers it for free
+FEATURES_SHARE = 0.45  # of the training share (with existing answers): the teacher-forced feature pass
+MAX_LENGTH = 768  # tokens per training conversation
+TOPK = 32  # the cached top-k log-probabilities (train.config.DEFAULT_CACHE_TOPK)
+# The drafter the quickstart trains, for its cost per step: one layer, 64 anchors x blocks of 8, an
+# 8,192-token draft vocabulary.
+DRAFT_LAYERS, NUM_ANCHORS, BLOCK_SIZE, DRAFT_VOCAB = 1, 64, 8, 8192
+WARMUP_TOKENS = 16  # eval.bench.WARMUP_TOKENS: every method's warm-up generation
+SLOWER = 1.6  # a method's tokens cost up to this many plain steps each on a CPU (docs/hardware.md)
+
+
+def bench_share(dtype: str) -> float:
+    """The benchmark's share; in float32 it is also the losslessness check, and takes that share too."""
+    return SHARES["bench"] + (CHECK_SHARE if dtype == "fp32" else 0.0)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What a few seconds of the target on this machine say (`probe_throughput`)."""
+
+    dtype: str  # "bf16" or "fp32": `auto` on this machine (bf16 only where native), for every stage
+    pass_tok_s: float  # a teacher-forced pass (features, logits and top-k) over one sequence, tokens per second
+    step_s: float  # one cached one-token decoding step, seconds
+    step_target_tokens: float  # one drafter training step costs about a pass over this many target tokens
+    load_s: float  # loading the target
+    probe_s: float  # the whole probe, loading included
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How much of each stage a budget buys (sized on the 2-core CPU; see docs/hardware.md)."""
+    """How much of each stage a budget buys on this machine (from `Throughput`; docs/hardware.md)."""
 
     train_conversations: int
     regen_tokens: int
     train_steps: int
     bench_prompts: int
     bench_tokens: int
+    feature_tokens: int = 0  # tokens the feature pass can cache in its share (0: not sized by a probe)
 
     @classmethod
     def for_budget(cls, minutes: float) -> "Plan":
+        """Without a probe: the shape of the work only (its amounts are kept by the stages' deadlines)."""
         if minutes <= 0:
             raise ConfigError(f"--budget must be positive minutes, got {minutes}")
         scale = min(1.0, minutes / 30.0)
@@ -47,11 +84,98 @@ class Plan:
                    train_steps=max(10, int(400 * scale)), bench_prompts=max(1, int(3 * scale)),
                    bench_tokens=max(32, int(128 * scale)))
 
+    @classmethod
+    def for_machine(cls, minutes: float, left_s: float, speed: Throughput, *, answers: bool, methods: int,
+                    prompt_tokens: int) -> "Plan":
+        """The work each stage's share of `left_s` seconds buys at the probed `speed`.
 
-# Shares of the time left after fetching; the rest goes to the float32 check and the report. Each
-# stage stops starting new work (a regeneration batch, a training step, a benchmark prompt) when its
-# share is spent, so the whole job keeps to the budget on a slow machine as on a fast one.
-SHARES = {"regen": 0.30, "train": 0.30, "bench": 0.25}
+        With existing answers (`answers`), the feature pass gets FEATURES_SHARE of the training share
+        and the steps the rest; the benchmark's new tokens are those that let every one of `methods`
+        (warm-up and measured run, each prefilling `prompt_tokens`) finish the first prompt in its share.
+        """
+        shape = cls.for_budget(minutes)
+        train_s = (SHARES["train"] + (SHARES["regen"] if answers else 0.0)) * left_s
+        features_s = FEATURES_SHARE * train_s if answers else 0.0
+        feature_tokens = int(features_s * speed.pass_tok_s)
+        step_s = speed.step_target_tokens / speed.pass_tok_s
+        if not answers:  # regeneration makes the data; the features of its few conversations come online-cheap
+            step_s *= 1.2
+        train_steps = int(min(400, max(10, (train_s - features_s) / step_s)))
+        bench_s = bench_share(speed.dtype) * left_s - 2 * speed.load_s  # the target, the small draft, the drafters
+        prefill_s = prompt_tokens / speed.pass_tok_s
+        per_prompt_fixed = methods * (2 * prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)
+        per_token = methods * SLOWER * speed.step_s
+        tokens = int((bench_s - per_prompt_fixed) / per_token)
+        bench_tokens = int(min(128, max(16, tokens)))
+        one_prompt = methods * (prefill_s + bench_tokens * SLOWER * speed.step_s)
+        extra = (bench_s - per_prompt_fixed - bench_tokens * per_token) / max(one_prompt, 1e-9)
+        bench_prompts = int(min(shape.bench_prompts if minutes < 30 else 3, 1 + max(0, int(extra))))
+        return cls(train_conversations=shape.train_conversations, regen_tokens=shape.regen_tokens,
+                   train_steps=train_steps, bench_prompts=max(1, bench_prompts), bench_tokens=bench_tokens,
+                   feature_tokens=feature_tokens)
+
+
+def probe_throughput(target_name: str, *, tokens: int = 128, steps: int = 4) -> Throughput:
+    """Load the target at `auto` precision and time one teacher-forced pass over `tokens` tokens (features,
+    logits and the top-k part, as the feature pass runs them) and `steps` cached one-token steps."""
+    if tokens < 8 + steps:
+        raise ConfigError(f"the probe needs at least {8 + steps} tokens, got {tokens}")
+    from transformers import DynamicCache
+
+    from .target import load_target, native_bf16
+    from .train.features import topk_log_probs
+
+    started = time.monotonic()
+    target = load_target(target_name, dtype="auto")
+    load_s = time.monotonic() - started
+    layer = max(0, target.num_layers - 2)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, min(target.vocab_size, 32000), (1, tokens), generator=generator)  # (1, T)
+    target.features(ids[:, :8], [layer], with_logits=True)  # first-call allocations stay out of the timing
+    timed = time.monotonic()
+    out = target.features(ids, [layer], with_logits=True)
+    topk_log_probs(out.logits[0], TOPK)
+    pass_s = time.monotonic() - timed
+    del out
+    with torch.no_grad():
+        cache = DynamicCache()
+        target.model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        times = []
+        for position in range(8, 8 + steps):
+            timed = time.monotonic()
+            target.model(input_ids=ids[:, position:position + 1], past_key_values=cache, use_cache=True)
+            times.append(time.monotonic() - timed)
+    # A drafter step (forward and backward, ~3x a forward) runs one target-sized layer, the draft vocabulary's
+    # head and the feature projection over every block position; in units of the target's per-token pass.
+    params = sum(p.numel() for p in target.model.parameters())
+    layer_params = sum(p.numel() for p in target.model.model.layers[0].parameters())
+    draft_params = DRAFT_LAYERS * layer_params + target.hidden_size * (DRAFT_VOCAB + 2 * target.hidden_size)
+    step_target_tokens = 3 * NUM_ANCHORS * BLOCK_SIZE * draft_params / params
+    dtype = "bf16" if native_bf16() else "fp32"
+    return Throughput(dtype=dtype, pass_tok_s=tokens / pass_s, step_s=sorted(times)[len(times) // 2],
+                      step_target_tokens=step_target_tokens, load_s=load_s, probe_s=time.monotonic() - started)
+
+
+def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum: int = 8) -> int:
+    """How many of `rows` (JSONL conversations, in order) fill `tokens` tokens of the feature pass, each
+    cut at MAX_LENGTH as training cuts it (at least `minimum`)."""
+    import tempfile
+
+    from .data.conversations import ConversationError, load_conversations, tokenize_conversation
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "rows.jsonl"
+        path.write_text("".join(row + "\n" for row in rows))
+        conversations = load_conversations(path)
+    total = 0
+    for count, messages in enumerate(conversations, 1):
+        try:
+            total += min(MAX_LENGTH, len(tokenize_conversation(tokenizer, messages, max_length=MAX_LENGTH).input_ids))
+        except ConversationError:
+            continue
+        if total >= tokens and count >= minimum:
+            return count
+    return len(conversations)
 
 
 def _stage(name: str, started: float) -> None:
@@ -65,8 +189,6 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .checkpoints import load_drafter_model, save_drafter
     from .data.regen import regen, training_prompts
     from .eval.bench import BenchConfig, run_bench
-    from .shipped import SHIPPED
-    from .target import native_bf16
     from .train.checkpoint import latest_checkpoint
     from .train.config import TrainConfig
     from .train.loop import train
@@ -76,12 +198,18 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     started = time.monotonic()
     out = check_location(out, replaced=False)
     out.mkdir(parents=True, exist_ok=True)
-    plan = Plan.for_budget(budget)
-    print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min -> {plan}", flush=True)
+    if budget <= 0:
+        raise ConfigError(f"--budget must be positive minutes, got {budget}")
+    print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min", flush=True)
     if threads:
         torch.set_num_threads(threads)
-    hardware = hardware_note()
-    print(f"quickstart: {hardware}", flush=True)
+    times: dict[str, float] = {}  # stage -> minutes, for the summary
+    mark = [time.monotonic()]
+
+    def stage_done(name: str) -> None:
+        now = time.monotonic()
+        times[name] = times.get(name, 0.0) + (now - mark[0]) / 60
+        mark[0] = now
 
     if fetch:
         _stage("fetch assets", started)
@@ -90,80 +218,148 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
                 assets.fetch(name)
         if train_prompts == "sharegpt-code":
             assets.fetch("sharegpt")
+        stage_done("fetch")
+    answers = answered_conversations(train_prompts)
+    methods = _methods(target, draft_model, out / "drafter")
+
+    _stage("probe this machine's throughput (the target at `auto` precision: bf16 only where native)", started)
+    speed = probe_throughput(target)
     left = max(budget * 60 - (time.monotonic() - started), 60.0)
+    plan = Plan.for_machine(budget, left, speed, answers=answers is not None, methods=len(methods),
+                            prompt_tokens=_first_prompt_tokens(target, dataset))
+    print(f"quickstart: {speed.dtype}: a teacher-forced pass at {speed.pass_tok_s:.1f} tok/s, a decoding step "
+          f"{speed.step_s * 1000:.0f} ms (probe {speed.probe_s:.0f} s); {left / 60:.1f} min left -> {plan}", flush=True)
+    hardware = hardware_note(speed)
+    print(f"quickstart: {hardware}", flush=True)
+    stage_done("probe")
 
     train_dir, drafter_dir = out / "train", out / "drafter"
     training_started = drafter_dir.exists() or latest_checkpoint(train_dir) is not None
-    answers = answered_conversations(train_prompts)
     data = out / ("conversations.jsonl" if answers else "regen.jsonl")
     labels = "teacher_forced" if answers else "regenerated"
     train_share = SHARES["train"]
+    features_deadline = None
     if answers is not None:
         # No regeneration: its share goes to training, whose teacher-forced pass labels the text.
         train_share += SHARES["regen"]
-        if not training_started:
-            _stage(f"take {plan.train_conversations} conversations with their own answers from {train_prompts} "
-                   "(teacher-forced labels: the target's greedy choice at every answer token)", started)
-            write_text_atomic(data, "".join(line + "\n" for line in answers[:plan.train_conversations]))
+        if not training_started and not data.exists():
+            from transformers import AutoTokenizer
+
+            from .assets import resolve_model
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
+            count = conversations_for_tokens(answers[:4096], tokenizer, plan.feature_tokens)
+            _stage(f"take {count} conversations with their own answers from {train_prompts} (about "
+                   f"{plan.feature_tokens:,} tokens for the teacher-forced pass: the target's greedy choice at "
+                   f"every answer token)", started)
+            write_text_atomic(data, "".join(line + "\n" for line in answers[:count]))
     elif not training_started:  # once training has begun, its data stays as it was
         _stage(f"regenerate up to {plan.train_conversations} training answers with the target "
                f"({SHARES['regen'] * left / 60:.1f} min)", started)
         regen(target, training_prompts(train_prompts), plan.train_conversations, data,
               max_new_tokens=plan.regen_tokens, batch_size=8, max_prompt_tokens=256, dtype="auto",
               deadline=time.monotonic() + SHARES["regen"] * left)
+        stage_done("regenerate")
     conversations = sum(1 for line in data.open() if line.strip())
 
+    cached = None
     if not (drafter_dir / "model.safetensors").exists():
+        train_s = train_share * left
         _stage(f"train a DFlash drafter on {conversations} conversations ({labels} labels, D-PACE, up to "
-               f"{plan.train_steps} steps, {train_share * left / 60:.1f} min)", started)
+               f"{plan.train_steps} steps, {train_s / 60:.1f} min"
+               + (f", the feature pass at most {FEATURES_SHARE * train_s / 60:.1f} of them)" if answers else ")"),
+               started)
         # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
         # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
-        config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=768, num_layers=1,
-                             block_size=8, labels=labels, target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
-                             max_steps=plan.train_steps, num_anchors=64, draft_vocab_size=8192, features="cached",
-                             save_every=max(10, plan.train_steps // 4), log_every=10, threads=threads)
-        trained = train(config, resume=latest_checkpoint(train_dir) is not None,
-                        deadline=time.monotonic() + train_share * left)
+        config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=MAX_LENGTH,
+                             num_layers=DRAFT_LAYERS, block_size=BLOCK_SIZE, labels=labels,
+                             target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
+                             max_steps=plan.train_steps, num_anchors=NUM_ANCHORS, draft_vocab_size=draft_vocab(target),
+                             features="cached", save_every=max(10, plan.train_steps // 4), log_every=10,
+                             threads=threads)
+        now = time.monotonic()
+        features_deadline = now + FEATURES_SHARE * train_s if answers else now + train_s
+        trained = train(config, resume=latest_checkpoint(train_dir) is not None, deadline=now + train_s,
+                        features_deadline=features_deadline)
         # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
         save_drafter(load_drafter_model(trained, dtype=torch.float32), drafter_dir,
                      extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
+        stage_done("train (features and steps)")
     steps = _trained_steps(train_dir)
+    cached = _cached_sequences(train_dir / "features")
 
-    # Emulated bf16 makes every prefill and verify pass several times dearer: half the tokens keep a
-    # prompt's four runs inside the benchmark's share on such machines.
-    bench_tokens = plan.bench_tokens if native_bf16() else max(32, plan.bench_tokens // 2)
-    _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {bench_tokens} new tokens, "
-           f"{SHARES['bench'] * left / 60:.1f} min)", started)
-    # The trained drafter verified as a DDTree whose size follows this machine's verify-cost curve; the
-    # fastest hybrid we have measured (lookup's long continuations cut by cost when the text repeats, else
-    # that DDTree); the training-free hybrid (lookup, else the small AR draft); beside the peers. A drafter
-    # shipped with the package for this target runs beside the one trained here.
-    shipped = [f"dflash:{d.name},tree=measured" for d in SHIPPED.values() if d.target == target]
-    methods = ("ar", f"small-ar:{draft_model}", f"dflash:{drafter_dir},tree=measured", *shipped,
-               f"hybrid:lookup+dflash={drafter_dir},mode=fallback,tree=measured,tokens=24,branches=1,proposals=measured",
-               f"hybrid:lookup+small-ar={draft_model},mode=fallback", f"hf-assisted:{draft_model}",
-               "hf-prompt-lookup")
+    _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {plan.bench_tokens} new tokens, "
+           f"{speed.dtype}, {bench_share(speed.dtype) * left / 60:.1f} min)", started)
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
-                        max_new_tokens=bench_tokens, dtype="bf16", threads=threads)
-    results = run_bench(bench, out / "bench", deadline=time.monotonic() + SHARES["bench"] * left)
+                        max_new_tokens=plan.bench_tokens, dtype="auto", threads=threads)
+    results = run_bench(bench, out / "bench", deadline=time.monotonic() + bench_share(speed.dtype) * left)
+    stage_done("benchmark")
 
+    # What is left of the budget, less a minute for the report, bounds the separate check (bf16 runs only).
+    check_deadline = started + budget * 60 - 60
     _stage("check losslessness in float32", started)
-    lossless = check_lossless_fp32(target, drafter_dir, dataset, tokens=min(32, bench_tokens))
+    lossless = check_lossless(results, target, methods, dataset, tokens=min(32, plan.bench_tokens),
+                              deadline=check_deadline)
+    stage_done("float32 check")
 
     facts = {"conversations": conversations, "labels": labels, "steps": steps, "planned_steps": plan.train_steps,
-             "hardware": hardware}
+             "hardware": hardware, "trained_method": _trained_method(drafter_dir), "cached": cached,
+             "dtype": speed.dtype, "pass_tok_s": speed.pass_tok_s, "stage_minutes": times}
     summary = write_summary(out, results, lossless, time.monotonic() - started, facts)
     _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
     return out / "bench" / "report.md"
 
 
-def hardware_note() -> str:
+def _trained_method(drafter_dir: Path) -> str:
+    return f"dflash:{drafter_dir},tree=measured"
+
+
+def _methods(target: str, draft_model: str, drafter_dir: Path) -> tuple[str, ...]:
+    """The trained drafter verified as a DDTree whose size follows this machine's verify-cost curve; the
+    fastest hybrid we have measured (lookup's long continuations cut by cost when the text repeats, else
+    that DDTree); the training-free hybrid (lookup, else the small AR draft); beside the peers. A drafter
+    shipped with the package for this target runs beside the one trained here."""
+    from .shipped import SHIPPED
+
+    shipped = [f"dflash:{d.name},tree=measured" for d in SHIPPED.values() if d.target == target]
+    return ("ar", f"small-ar:{draft_model}", _trained_method(drafter_dir), *shipped,
+            f"hybrid:lookup+dflash={drafter_dir},mode=fallback,tree=measured,tokens=24,branches=1,proposals=measured",
+            f"hybrid:lookup+small-ar={draft_model},mode=fallback", f"hf-assisted:{draft_model}", "hf-prompt-lookup")
+
+
+def _first_prompt_tokens(target: str, dataset: str) -> int:
+    """The first benchmark prompt's length in tokens, chat template included (what every method prefills)."""
+    from transformers import AutoTokenizer
+
+    from .assets import resolve_model
+    from .data.prompts import load_prompts
+    from .eval.bench import parse_dataset, render_chat
+
+    name, path = parse_dataset(dataset)
+    prompt = load_prompts(name, path=path, n=1)[0]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
+    return len(render_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}]))
+
+
+def _cached_sequences(folder: Path) -> tuple[int, int] | None:
+    """(sequences cached, sequences asked) of the training run's feature cache, None without one."""
+    path = folder / "index.json"
+    if not path.exists():
+        return None
+    index = json.loads(path.read_text())
+    total = int(index.get("num_sequences", 0))
+    return (total if index.get("complete") else int(index.get("done", 0))), total
+
+
+def hardware_note(speed: Throughput | None = None) -> str:
     from .target import native_bf16
 
     if native_bf16():
         return "this machine computes bf16 natively: bf16 throughout"
-    return ("this CPU has no native bf16 (no AVX512-BF16/AMX): regeneration and training run in fp32; decoding stays "
-            "bf16, where a k-token verify pass costs roughly k one-token steps, so block drafting has little room here")
+    measured = f" (measured here: {speed.pass_tok_s:.1f} tok/s teacher-forced, {speed.step_s * 1000:.0f} ms a " \
+               f"decoding step)" if speed is not None else ""
+    return ("this CPU has no native bf16 (no AVX512-BF16/AMX), so every stage, the benchmark included, runs in "
+            f"fp32{measured}: emulated bf16 makes a k-token verify pass cost several one-token steps")
 
 
 def _trained_steps(train_dir: Path) -> int:
@@ -184,20 +380,98 @@ def late_layer(target: str) -> int:
     return layers - 2
 
 
-def check_lossless_fp32(target_name: str, drafter_dir: Path, dataset: str, *, tokens: int) -> dict:
-    """Greedy DFlash output equals plain greedy on the first benchmark prompt, in float32."""
-    from . import generate, load_drafter, load_target
+def draft_vocab(target: str) -> int | None:
+    """DRAFT_VOCAB, or None (the whole vocabulary) for a target whose vocabulary is no larger."""
+    from transformers import AutoConfig
+
+    from .assets import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(target))
+    vocab = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size")
+    return DRAFT_VOCAB if vocab > DRAFT_VOCAB else None
+
+
+def check_lossless(results: dict, target_name: str, methods: tuple[str, ...], dataset: str, *, tokens: int,
+                   deadline: float | None = None) -> dict:
+    """Greedy output of every benchmarked method against plain greedy decoding, in float32.
+
+    A benchmark that ran in float32 already holds the answer: each method's tokens against `ar`'s on
+    every prompt measured. Otherwise every method runs again in float32 on the first prompt for `tokens`
+    tokens, until `deadline`; the result names the methods checked and those left unchecked.
+    """
+    from .eval import metrics as M
+
+    environment = results.get("environment", {})
+    if environment.get("dtype") == "fp32":
+        agreement = M.greedy_agreement(results)
+        prompts = sorted({r["prompt_id"] for r in results["records"]})
+        return {"source": "benchmark", "prompts": prompts, "tokens": results["config"]["max_new_tokens"],
+                "checked": _all_identical((run[0], check.differing == 0) for run, check in agreement.items()),
+                "unchecked": []}
+    return _rerun_fp32(target_name, methods, dataset, tokens=tokens, deadline=deadline)
+
+
+def _all_identical(pairs) -> dict[str, bool]:
+    """method -> whether all of its runs (one per block size) matched plain decoding."""
+    out: dict[str, bool] = {}
+    for method, same in pairs:
+        out[method] = out.get(method, True) and same
+    return out
+
+
+def _rerun_fp32(target_name: str, methods: tuple[str, ...], dataset: str, *, tokens: int,
+                deadline: float | None) -> dict:
+    from .config import SamplingConfig
     from .data.prompts import load_prompts
     from .eval.bench import parse_dataset, render_chat
+    from .eval.methods import build_runners
+    from .target import load_target
 
     name, path = parse_dataset(dataset)
     prompt = load_prompts(name, path=path, n=1)[0]
     target = load_target(target_name, dtype="fp32")
-    ids = torch.tensor([render_chat(target.tokenizer, [{"role": "user", "content": prompt.turns[0]}])])
-    drafter = load_drafter(drafter_dir, target)
-    plain = generate(target, None, ids, max_new_tokens=tokens).tokens
-    spec = generate(target, drafter, ids, max_new_tokens=tokens).tokens
-    return {"prompt": prompt.id, "tokens": tokens, "identical": plain == spec}
+    ids = render_chat(target.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+    runners, _ = build_runners(methods, None, target, SamplingConfig(), record_q=False)
+    plain = next(r for r in runners if r.method == "ar").run(ids, max_new_tokens=tokens, seed=0).tokens
+    checked, unchecked = {}, []
+    last_s = 0.0
+    for runner in runners:
+        label = runner.method  # as the summary's table names it
+        if runner.method == "ar":
+            continue
+        if deadline is not None and time.monotonic() + last_s > deadline:
+            unchecked.append(label)
+            continue
+        timed = time.monotonic()
+        same = runner.run(ids, max_new_tokens=tokens, seed=0).tokens == plain
+        checked[label] = checked.get(label, True) and same  # every block size of a method must match
+        last_s = time.monotonic() - timed
+    return {"source": "rerun", "prompts": [prompt.id], "tokens": tokens, "checked": checked, "unchecked": unchecked}
+
+
+def lossless_sentence(lossless: dict) -> str:
+    """What the float32 check covered and found, in one paragraph."""
+    if "checked" not in lossless:  # one method on one prompt: {"prompt", "tokens", "identical"}
+        lossless = {"source": "rerun", "prompts": [lossless["prompt"]], "tokens": lossless["tokens"],
+                    "checked": {lossless.get("method", "dflash"): lossless["identical"]}, "unchecked": []}
+    checked, unchecked = lossless["checked"], lossless.get("unchecked", [])
+    different = [label for label, same in checked.items() if not same]
+    where = (f"the benchmark itself ran in float32: every method's output on its {len(lossless['prompts'])} "
+             f"prompt(s) ({lossless['tokens']} new tokens each) against plain greedy decoding's"
+             if lossless["source"] == "benchmark" else
+             f"each method decoded {lossless['prompts'][0]} again in float32 for {lossless['tokens']} tokens and was "
+             f"compared with plain greedy decoding")
+    text = f"Float32 losslessness check ({where}): "
+    if not checked:
+        text += "no method could be checked."
+    elif not different:
+        text += f"identical for all {len(checked)} checked method(s) ({', '.join(f'`{m}`' for m in checked)})."
+    else:
+        text += (f"DIFFERENT for {', '.join(f'`{m}`' for m in different)} (please report this); identical for the "
+                 f"other {len(checked) - len(different)}.")
+    if unchecked:
+        text += f" Not checked (out of time): {', '.join(f'`{m}`' for m in unchecked)}."
+    return text
 
 
 def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, facts: dict | None = None) -> Path:
@@ -214,9 +488,12 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     if facts:
         kind = "regenerated" if facts.get("labels", "regenerated") == "regenerated" else \
             f"existing ({facts['labels']} labels)"
-        lines += [f"Trained on {facts['conversations']} {kind} conversations for {facts['steps']} of "
-                  f"{facts['planned_steps']} planned steps; benchmarked on {prompts} prompt(s). "
-                  f"Hardware: {facts['hardware']}.", ""]
+        cached = facts.get("cached")
+        partial = (f" (the teacher-forced pass cached {cached[0]} of them before its share of the time ran out; "
+                   f"training used those)" if cached and cached[0] < cached[1] else "")
+        lines += [f"Trained on {facts['conversations']} {kind} conversations{partial} for {facts['steps']} of "
+                  f"{facts['planned_steps']} planned steps; benchmarked on {prompts} prompt(s) in "
+                  f"{results.get('environment', {}).get('dtype', 'n/a')}. Hardware: {facts['hardware']}.", ""]
     lines += ["| run | tau | speedup vs plain decoding [95% CI] |", "|---|---|---|"]
     for run in units:
         tau = taus.get(run)
@@ -228,27 +505,53 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     recipe = better_recipe(results.get("config", {}).get("target", ""))
     from .eval.report import speedup_cautions
 
+    trained = facts.get("trained_method")
+    records_by_run: dict = {}
+    for record in results["records"]:
+        records_by_run.setdefault(M.run_of(record), []).append(record)
     for run, speed in speedups.items():
         tau = taus.get(run)
-        if run[0].startswith("dflash") and tau is not None and tau.value <= 1.0:
-            lines.append("**The drafter trained in this quickstart accepted nothing**: in every round the target "
-                         "rejected its first proposal (tau 1.00), so each round committed only the target's own "
-                         "token, as plain decoding does. It needs far more training (see below).")
+        if run[0].startswith(("dflash", "small-ar")) and tau is not None and tau.value <= 1.0:
+            who = "The drafter trained in this quickstart" if run[0] == trained else f"`{run[0]}`"
+            lines.append(f"**{who} accepted nothing**: in every round the target rejected its first proposal "
+                         "(tau 1.00), so each round committed only the target's own token, as plain decoding does."
+                         + (" It needs far more training (see below)." if run[0] == trained else ""))
         lines += [f"**Caution:** {text}" for text in speedup_cautions(run[0], tau, speed)]
-        if run[0].startswith("dflash") and speed is not None and speed.value < 1.0:
+        lines += _hybrid_notes(run[0], records_by_run.get(run, []), speed)
+        if run[0] == trained and speed is not None and speed.value < 1.0:
             small_text = f" The small-AR draft reaches {_fmt(small[0])} on the same prompts." if small else ""
             lines.append(f"**The drafter trained in this quickstart is slower than plain decoding: {_fmt(speed)}.** "
                          f"A drafter trained for minutes on a CPU has seen a few thousand examples and needs far more."
                          f"{small_text} Train a better one with `blockdraft train --config {recipe}` "
                          f"(docs/studies/README.md).")
     lines.append("")
-    verdict = "identical" if lossless["identical"] else "DIFFERENT (please report this)"
-    lines.append(f"Float32 losslessness check on {lossless['prompt']} ({lossless['tokens']} tokens): "
-                 f"speculative output {verdict} to plain greedy decoding.")
+    lines.append(lossless_sentence(lossless))
+    if facts.get("stage_minutes"):
+        lines += ["", "Stage times: " + ", ".join(f"{name} {minutes:.1f} min"
+                                                  for name, minutes in facts["stage_minutes"].items()) + "."]
     path = out / "QUICKSTART.md"
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return path
+
+
+def _hybrid_notes(method: str, records: list[dict], speed) -> list[str]:
+    """A hybrid whose drafter part accepted nothing runs at lookup's speed (less the rounds spent asking
+    the drafter), whatever its name says."""
+    from .eval import metrics as M
+
+    if not method.startswith("hybrid:") or "lookup" not in method:
+        return []
+    summary = M.tree_summary(records)
+    if summary is None or not summary.source_shares:
+        return []
+    if any(name != "lookup" for name in summary.source_shares):
+        return []
+    part = "its DFlash part" if "dflash" in method else "its small-AR part" if "small-ar" in method else \
+        "its other part"
+    return [f"**`{method}`: {part} accepted nothing**: every accepted token came from lookup, so its speed "
+            f"({_fmt(speed)}) is lookup's, less the time spent asking the drafter in rounds where lookup had "
+            "nothing to propose."]
 
 
 def answered_conversations(source: str) -> list[str] | None:

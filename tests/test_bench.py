@@ -337,3 +337,36 @@ def test_batch_sizes_refuse_batch_one_methods():
             BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",), batch_sizes=sizes)
     assert "batch_sizes" not in BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",)).identity()
     BenchConfig(target="t", methods=("lookup", "lookup,min_ngram=2,branches=1"), datasets=("gsm8k",), batch_sizes=(1, 2))
+
+
+def test_dtype_auto_is_the_default_chosen_by_the_machine_and_recorded(assets, tmp_path, capsys):
+    """bf16 only where the hardware computes it natively (else fp32, where emulated bf16 makes a verify
+    pass cost several one-token steps); the choice is in results.json and the report says why."""
+    from blockdraft.target import native_bf16
+
+    assert BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",)).dtype == "auto"
+    out = tmp_path / "auto"
+    argv = [a for a in bench_args(assets, out) if a not in ("--dtype", "fp32")]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    expected = "bf16" if native_bf16() else "fp32"
+    assert results["config"]["dtype"] == "auto"
+    assert results["environment"]["dtype"] == expected and results["environment"]["native_bf16"] is native_bf16()
+    row = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| dtype"))
+    assert f"{expected} (auto: " in row and ("natively" in row if native_bf16() else "no native bf16" in row)
+
+
+def test_progress_shows_each_warm_up_and_each_method_done_within_a_prompt(assets, tmp_path):
+    lines = []
+    config = BenchConfig(target=str(assets / "target"), methods=("ar", f"small-ar:{assets / 'target'}",
+                                                                  "hf-prompt-lookup:3"),
+                         datasets=(f"humaneval={assets / 'he.jsonl'}",), n=2, max_new_tokens=4, dtype="fp32",
+                         threads=1)
+    bench_module.run_bench(config, tmp_path / "progress", log=lines.append)
+    warm = [line for line in lines if line.startswith("bench: warm-up")]
+    assert len(warm) == 3 and warm[0].startswith("bench: warm-up 1/3 ")
+    done = [line for line in lines if "run(s) done" in line]
+    assert [line.split(": ")[1].split(" ")[0] for line in done] == ["1/3", "2/3", "3/3"] * 2
+    assert done[0].startswith("[1/2] humaneval T/0: 1/3 run(s) done") and "tok/s" in done[0]
+    first_summary = next(i for i, line in enumerate(lines) if line.startswith("[1/2] humaneval T/0: ar "))
+    assert lines.index(done[2]) < first_summary  # the methods' lines come before the prompt's summary

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from blockdraft.config import ConfigError
-from blockdraft.quickstart import Plan, run_quickstart
+from blockdraft.quickstart import Plan, Throughput, bench_share, probe_throughput, run_quickstart, write_summary
+from blockdraft.target import native_bf16
 from chat_fixtures import save_tiny_chat_model
 from helpers import write_chat_jsonl
 
@@ -22,10 +23,18 @@ def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
                             threads=1, fetch=False)
     assert report.exists()
     summary = (tmp_path / "qs" / "QUICKSTART.md").read_text()
-    assert "speculative output identical to plain greedy decoding" in summary
+    results = json.loads((tmp_path / "qs" / "bench" / "results.json").read_text())
+    # The float32 check names every method of the table (the benchmark itself ran in fp32 on a CPU without
+    # native bf16; elsewhere each method decodes the first prompt again in fp32).
+    check = next(line for line in summary.splitlines() if line.startswith("Float32 losslessness check"))
+    assert "identical for all" in check and "DIFFERENT" not in check
+    table = [line.split("`")[1] for line in summary.splitlines() if line.startswith("| `")]
+    assert len(table) == len({r["method"] for r in results["records"]})
+    assert all(f"`{method}`" in check for method in table if method != "ar")
+    assert results["environment"]["dtype"] == ("bf16" if native_bf16() else "fp32")
+    assert results["config"]["dtype"] == "auto" and "Stage times: probe" in summary
     assert "`dflash:" in summary and "`small-ar:" in summary and "`hf-assisted:" in summary
     assert "`hybrid:" in summary and "`hf-prompt-lookup" in summary
-    results = json.loads((tmp_path / "qs" / "bench" / "results.json").read_text())
     assert {r["method"].split(":")[0] for r in results["records"]} == {"ar", "small-ar", "dflash", "hybrid",
                                                                          "hf-assisted", "hf-prompt-lookup"}
     assert any(r["method"].endswith(",tree=measured") for r in results["records"])
@@ -49,7 +58,7 @@ def test_quickstart_learns_from_existing_answers_without_regenerating(tmp_path):
     out = tmp_path / "qs"
     assert not (out / "regen.jsonl").exists()
     rows = [json.loads(line) for line in (out / "conversations.jsonl").read_text().splitlines()]
-    assert len(rows) == Plan.for_budget(1.0).train_conversations and all(len(r["conversations"]) == 2 for r in rows)
+    assert 8 <= len(rows) <= 12 and all(len(r["conversations"]) == 2 for r in rows)
     config = json.loads((out / "drafter" / "train_config.json").read_text())
     assert config["labels"] == "teacher_forced" and config["data"] == str(out / "conversations.jsonl")
     assert "existing (teacher_forced labels) conversations" in (out / "QUICKSTART.md").read_text()
@@ -64,3 +73,69 @@ def test_quickstart_refuses_a_missing_training_file(tmp_path):
 def test_budget_scales_the_plan():
     small, full = Plan.for_budget(3), Plan.for_budget(30)
     assert small.train_steps < full.train_steps and small.train_conversations < full.train_conversations
+
+
+def _speed(pass_tok_s: float, step_s: float) -> Throughput:
+    return Throughput(dtype="fp32", pass_tok_s=pass_tok_s, step_s=step_s, step_target_tokens=60.0, load_s=10.0,
+                      probe_s=15.0)
+
+
+def test_the_plan_scales_with_the_probed_throughput():
+    """The native-bf16 machine's sizes are not assumed: a machine 4x slower caches 4x fewer tokens, trains
+    fewer steps and benchmarks fewer new tokens in the same budget."""
+    common = dict(answers=True, methods=8, prompt_tokens=150)
+    fast = Plan.for_machine(30, 29 * 60, _speed(60.0, 0.1), **common)
+    slow = Plan.for_machine(30, 29 * 60, _speed(15.0, 0.4), **common)
+    assert fast.feature_tokens == 4 * slow.feature_tokens > 0
+    assert slow.train_steps < fast.train_steps and slow.bench_tokens < fast.bench_tokens
+    # every plan keeps its benchmark's first prompt (warm-ups included) inside the benchmark's share
+    for speed, plan in ((_speed(60.0, 0.1), fast), (_speed(15.0, 0.4), slow)):
+        per_method = 2 * 150 / speed.pass_tok_s + (16 + plan.bench_tokens) * 1.6 * speed.step_s
+        assert 2 * speed.load_s + 8 * per_method <= bench_share("fp32") * 29 * 60 + 1e-6
+    regen = Plan.for_machine(30, 29 * 60, _speed(15.0, 0.4), answers=False, methods=8, prompt_tokens=150)
+    assert regen.feature_tokens == 0 and regen.train_steps < slow.train_steps * 2
+
+
+def test_the_probe_measures_this_machine_at_auto_precision(tmp_path):
+    model = save_tiny_chat_model(tmp_path / "tiny", hidden_size=32, num_layers=3)
+    speed = probe_throughput(str(model), tokens=32, steps=2)
+    assert speed.dtype == ("bf16" if native_bf16() else "fp32")
+    assert speed.pass_tok_s > 0 and speed.step_s > 0 and speed.step_target_tokens > 0 and speed.probe_s >= speed.load_s
+
+
+def _record(method, prompt, tokens, decode_s, emitted=None, sources=None):
+    rounds = None
+    if emitted is not None:
+        rounds = {"proposed": [7] * len(emitted), "accepted": [e - 1 for e in emitted], "emitted": emitted,
+                  "draft_parents": [[-1, 0]] * len(emitted) if sources else [None] * len(emitted),
+                  "accepted_sources": sources}
+    return {"dataset": "humaneval", "prompt_id": prompt, "turn": 0, "method": method, "block_size": None,
+            "tokens": list(range(tokens)), "decode_s": decode_s, "prefill_s": 0.1, "rounds": rounds}
+
+
+def test_the_summary_words_follow_the_data(tmp_path):
+    """Failure is attributed to the drafter trained here only; a hybrid whose DFlash part accepted nothing
+    runs at lookup's speed and says so; the float32 check names what it covered."""
+    trained, shipped = "dflash:qs/drafter,tree=measured", "dflash:shipped-b8,tree=measured"
+    hybrid = "hybrid:lookup+dflash=qs/drafter,mode=fallback"
+    records = []
+    for prompt in ("p0", "p1"):
+        records += [_record("ar", prompt, 33, 3.2, emitted=[1] * 32),
+                    _record(trained, prompt, 33, 6.4, emitted=[1] * 32),
+                    _record(shipped, prompt, 33, 5.0, emitted=[1] * 32),
+                    _record(hybrid, prompt, 33, 2.4, emitted=[5, 1, 1, 5] + [1] * 20 + [4],
+                            sources=[["lookup"] * 4, [], [], ["lookup"] * 4] + [[]] * 20 + [["lookup"] * 3])]
+    results = {"config": {"temperature": 0.0, "max_new_tokens": 32, "target": "t"},
+               "environment": {"dtype": "fp32"}, "records": records}
+    lossless = {"source": "rerun", "prompts": ["p0"], "tokens": 32, "checked": {trained: True, hybrid: True},
+                "unchecked": [shipped]}
+    facts = {"conversations": 8, "labels": "teacher_forced", "steps": 10, "planned_steps": 20, "hardware": "cpu",
+             "trained_method": trained, "cached": (5, 8)}
+    summary = write_summary(tmp_path, results, lossless, 60.0, facts).read_text()
+    assert summary.count("The drafter trained in this quickstart accepted nothing") == 1
+    assert f"**`{shipped}` accepted nothing**" in summary
+    assert summary.count("The drafter trained in this quickstart is slower than plain decoding") == 1
+    assert f"`{hybrid}`: its DFlash part accepted nothing" in summary and "is lookup's" in summary
+    assert f"identical for all 2 checked method(s) (`{trained}`, `{hybrid}`)" in summary
+    assert f"Not checked (out of time): `{shipped}`" in summary
+    assert "cached 5 of them" in summary and "benchmarked on 2 prompt(s) in fp32" in summary

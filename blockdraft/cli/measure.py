@@ -136,7 +136,8 @@ def add_bench(sub) -> None:
     p.add_argument("--batch-size", type=int, nargs="+", default=None, metavar="N",
                    help="decode N requests together (ar, small-ar, dflash): total decode tok/s and per-request "
                         "latency against plain batched decoding at each N (default: one request at a time)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="auto (default): bf16 where the hardware computes it natively, else fp32 (recorded)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--seed", type=int, default=0)

@@ -57,13 +57,14 @@ from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig
 from ..data.chat import chat_ids, has_chat_template
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
-from ..target import default_device, load_target
+from ..target import default_device, load_target, native_bf16
 from .methods import build_runners, close_runners, parse_method, run_or_fail
 
 SCHEMA = BENCH_SCHEMA
 DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
 RESULTS = "results.json"
 WARMUP_TOKENS = 16
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
 
 
 def parse_dataset(text: str) -> tuple[str, str | None]:
@@ -91,7 +92,7 @@ class BenchConfig:
     top_p: float = 1.0
     top_k: int = 0
     block_sizes: tuple[int, ...] | None = None  # B = K + 1 for small-ar/dflash; None: each drafter's own
-    dtype: str = "bf16"
+    dtype: str = "auto"  # bf16, fp32, or auto: bf16 only where the hardware computes it natively (recorded)
     threads: int | None = None  # torch CPU threads (None: torch's default, recorded as measured)
     device: str | None = None  # None: cuda when available, else cpu
     seed: int = 0
@@ -126,8 +127,8 @@ class BenchConfig:
             if not any(parse_method(m).uses_block_size for m in methods):
                 raise ConfigError("--block-size applies to small-ar and dflash methods; none is given")
             object.__setattr__(self, "block_sizes", sizes)
-        if self.dtype not in ("bf16", "fp32"):
-            raise ConfigError(f"--dtype must be bf16 or fp32, got {self.dtype!r}")
+        if self.dtype not in ("auto", "bf16", "fp32"):
+            raise ConfigError(f"--dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be at least 1, got {self.threads}")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -274,7 +275,8 @@ def environment(target, config: BenchConfig) -> dict[str, Any]:
         "numpy": numpy.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
         "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "dtype": config.dtype, "target": target.name, "target_layers": target.num_layers,
+        "dtype": DTYPE_NAMES.get(target.dtype, str(target.dtype)), "dtype_requested": config.dtype,
+        "native_bf16": native_bf16(device), "target": target.name, "target_layers": target.num_layers,
         "target_hidden_size": target.hidden_size, "target_vocab_size": target.vocab_size,
         "chat_template": bool(getattr(target.tokenizer, "chat_template", None)),
         "thinking": "off (enable_thinking=False)",
@@ -299,11 +301,11 @@ def _stderr(message: str) -> None:
 
 
 def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, config: BenchConfig, *,
-                   rotation: int = 0) -> list[dict]:
+                   rotation: int = 0, progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """All turns of one prompt with every runner, interleaved; each runner keeps its own chat history.
 
     The runners start at index `rotation` (the caller shifts it by one per prompt), so that no
-    method always runs right after the same other one.
+    method always runs right after the same other one. `progress` sees the records so far after each run.
     """
     histories: dict[int, list[dict[str, str]]] = {i: [] for i in range(len(runners))}
     sha = prompt_sha256(prompt)
@@ -323,6 +325,8 @@ def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, confi
             records.append({"dataset": dataset, "prompt_id": prompt.id, "turn": turn, "method": runner.method,
                             "block_size": runner.block_size, "prompt_sha256": sha,
                             "started_at": round(started_at, 3), **measurement.to_dict()})
+            if progress is not None:
+                progress(records)
     return records
 
 
@@ -347,14 +351,20 @@ def check_prompt_lengths(pending: list, runners: list, target, config: BenchConf
                           "or leave them out with --n or a shorter prompt file (nothing was measured)")
 
 
+def _label(method: str, block_size: int | None) -> str:
+    return method if block_size is None else f"{method} B={block_size}"
+
+
+def _speed(record: dict) -> float:
+    return (len(record["tokens"]) - 1) / record["decode_s"] if record["decode_s"] > 0 else float("nan")
+
+
 def _progress(records: list[dict]) -> str:
     parts = []
     for r in records:
         if r["turn"] != 0:
             continue
-        label = r["method"] if r["block_size"] is None else f"{r['method']} B={r['block_size']}"
-        speed = (len(r["tokens"]) - 1) / r["decode_s"] if r["decode_s"] > 0 else float("nan")
-        parts.append(f"{label} {speed:.1f} tok/s")
+        parts.append(f"{_label(r['method'], r['block_size'])} {_speed(r):.1f} tok/s")
     return " | ".join(parts)
 
 
@@ -391,15 +401,28 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
                      out_dir: Path, log: Callable[[str], None], deadline: float | None) -> None:
     """One request at a time: every pending prompt with every runner, interleaved."""
     first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
-    for runner in runners:  # warm-up: first-call allocations and lazy inits stay out of the timings
+    for number, runner in enumerate(runners, 1):  # warm-up: first-call allocations and lazy inits stay out of the timings
+        warm_started = time.monotonic()
         run_or_fail(runner, first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+        log(f"bench: warm-up {number}/{len(runners)} {_label(runner.method, runner.block_size)} "
+            f"({time.monotonic() - warm_started:.1f} s)")
     last_prompt_s = 0.0
     for number, (position, name, prompt) in enumerate(pending, 1):
         if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
             log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure the rest")
             break
         prompt_started = time.monotonic()
-        new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners))
+
+        def progress(records: list[dict], number=number, name=name, prompt=prompt) -> None:
+            runs = len(runners) * len(prompt.turns)
+            last = records[-1]
+            turn = f" turn {last['turn'] + 1}" if len(prompt.turns) > 1 else ""
+            log(f"[{number}/{len(pending)}] {name} {prompt.id}: {len(records)}/{runs} run(s) done "
+                f"({time.monotonic() - prompt_started:.0f} s), last {_label(last['method'], last['block_size'])}"
+                f"{turn} {_speed(last):.1f} tok/s")
+
+        new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners),
+                             progress=progress)
         last_prompt_s = time.monotonic() - prompt_started
         results["records"].extend(new)
         session["prompts_measured"] += 1

@@ -66,6 +66,19 @@ def _datasets(results: Mapping) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # markdown sections
 
+def _dtype_text(config: Mapping, env: Mapping) -> str:
+    """The precision measured in, and why when `auto` chose it (bf16 only where the hardware computes it natively)."""
+    used = env.get("dtype", config["dtype"])
+    if config["dtype"] != "auto":
+        return str(used)
+    if used == "bf16":
+        return "bf16 (auto: this machine computes bf16 natively)"
+    if env.get("native_bf16") is False:
+        return f"{used} (auto: no native bf16 here, and emulated bf16 makes a k-token verify pass cost several " \
+               "one-token steps)"
+    return f"{used} (auto)"
+
+
 def _header(results: Mapping) -> list[str]:
     config, env = results["config"], results.get("environment", {})
     methods = results.get("methods", {})
@@ -90,7 +103,7 @@ def _header(results: Mapping) -> list[str]:
         ["decoding", decoding],
         ["thinking mode", env.get("thinking", "off (enable_thinking=False)")
          + ("" if env.get("chat_template", True) else "; no chat template: plain-text prompts")],
-        ["dtype", str(config["dtype"])],
+        ["dtype", _dtype_text(config, env)],
         ["threads", str(env.get("threads"))],
         ["device", str(env.get("device")) + (f" ({env['gpu']})" if env.get("gpu") else "")],
         ["CPU", f"{env.get('cpu')} ({env.get('cpu_count')} logical CPUs)"],
