@@ -474,3 +474,21 @@ def test_a_server_crash_mid_bench_ends_that_method_only(fake_build, tmp_path):
     assert run_or_fail(runner, [1, 2], max_new_tokens=4, seed=0) is None
     assert "not running" in runner.info["error"]
     assert run_or_fail(runner, [1, 2], max_new_tokens=4, seed=0) is None  # skipped from then on
+
+
+def test_dflash_needs_a_target_architecture_exposing_layer_states(tmp_path):
+    import gguf
+
+    models = tmp_path / "tree" / "src" / "models"
+    models.mkdir(parents=True)
+    (models / "qwen3.cpp").write_text("res->t_layer_inp[il] = inpL;\n")
+    (models / "qwen2.cpp").write_text("// no layer inputs\n")
+    assert llamacpp_export.dflash_target_archs(tmp_path / "tree") == {"qwen3"}
+    for arch in ("qwen2", "qwen3"):
+        writer = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+    llamacpp_export.check_dflash_target(tmp_path / "qwen3.gguf", tmp_path / "tree")
+    with pytest.raises(EngineError, match="cannot draft with DFlash for a 'qwen2' target"):
+        llamacpp_export.check_dflash_target(tmp_path / "qwen2.gguf", tmp_path / "tree")

@@ -221,6 +221,7 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
     if out_file.is_dir():
         raise ConfigError(f"--out {out_file} is a folder; name a .gguf file")
     target_dir = _resolve_target_dir(target)
+    model_type = json.loads((target_dir / "config.json").read_text()).get("model_type", "")
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="blockdraft-llamacpp-", dir=out_file.parent) as work:
         folder = Path(work) / "drafter"
@@ -228,6 +229,11 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
         partial = Path(work) / out_file.name
         run_converter(folder, partial, target_dir=target_dir, outtype=outtype)
         check_drafter_gguf(partial, facts)
+        supported = dflash_target_archs(find_converter().parent)
+        if model_type and model_type.replace("_", "") not in supported:
+            notes.append(f"llama.cpp 11434 cannot run DFlash drafts for a {model_type!r} target yet (its graph does not "
+                         "expose the layer hidden states the draft reads): this file loads, but the server aborts at "
+                         f"the first drafted request. Supported targets: {', '.join(sorted(supported))}")
         facts = {**facts, "drafter": str(drafter_dir), "target": str(target_dir), "outtype": outtype, "notes": notes}
         os.replace(partial, out_file)
     sidecar = out_file.with_name(out_file.name + ".json")
@@ -236,6 +242,31 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
         log(f"wrote {out_file}: run it with llama-server -md {out_file.name} --spec-type {facts['spec_type']} "
             f"--spec-draft-n-max {facts['max_drafts']}")
     return notes, facts
+
+
+def dflash_target_archs(tree: Path | None = None) -> set[str]:
+    """llama.cpp architectures whose graph exposes the per-layer hidden states a DFlash draft reads
+    (`t_layer_inp` set in `src/models/<arch>.cpp` of the tree); other targets crash the server at the first
+    drafted request (a failed `layer input tensor is null` assertion)."""
+    models = (tree or tree_dir(release_dir())) / "src" / "models"
+    return {path.stem.replace("-", "") for path in models.glob("*.cpp") if "t_layer_inp[" in path.read_text(errors="replace")}
+
+
+def gguf_architecture(path: str | Path) -> str:
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("general.architecture")
+    return str(field.contents()) if field is not None else ""
+
+
+def check_dflash_target(target_gguf: str | Path, tree: Path | None = None) -> None:
+    """A named error when llama.cpp cannot feed a DFlash draft from this target GGUF's architecture."""
+    arch = gguf_architecture(target_gguf)
+    supported = dflash_target_archs(tree)
+    if arch.replace("-", "") not in supported:
+        raise EngineError(f"llama.cpp 11434 cannot draft with DFlash for a {arch!r} target ({target_gguf}): its {arch} "
+                          "graph does not expose the per-layer hidden states the draft reads, and the server aborts at "
+                          f"the first drafted request. Targets it supports: {', '.join(sorted(supported))}")
 
 
 def read_gguf_summary(path: str | Path) -> dict:

@@ -184,6 +184,9 @@ class LlamaCppRunner:
         model = target_gguf(self.target_name, self.spec.gguf)
         draft, facts = None, None
         if self.spec.mode in ("dflash", "dspark"):
+            from ..engines.llamacpp_export import check_dflash_target
+
+            check_dflash_target(model, build.tree)
             draft, facts = _draft_gguf(self.spec.drafter, self.target_name,
                                        self.spec.options.get("drop_bias", "off") == "on")
         extra = server_arguments(self.spec, facts)
