@@ -446,18 +446,23 @@ def test_export_writes_what_each_engine_reads_and_refuses_the_rest(tmp_path):
 
 # ------------------------------------------------------------------ training
 
-def test_teacher_forced_selector_scores_are_what_the_walk_scores():
-    """Labelled with the drafted tokens, the teacher-forced batch's selector argmax is the greedy walk."""
+@pytest.mark.parametrize("reduced", [False, True])
+def test_teacher_forced_selector_scores_are_what_the_walk_scores(reduced):
+    """Labelled with the drafted tokens, the teacher-forced batch's selector argmax is the greedy walk (with a
+    reduced draft vocabulary too, whose codebooks and candidates are in draft ids)."""
     from helpers import teacher_forced_block
 
     target = tiny_target("qwen3")
-    drafter = init_drafter(target, num_layers=1, block_size=8, arch="dflash2", selector_rank=8, selector_top_k=6)
+    draft_vocab = torch.arange(0, 256, 2) if reduced else None
+    drafter = init_drafter(target, num_layers=1, block_size=8, arch="dflash2", selector_rank=8, selector_top_k=6,
+                           draft_vocab=draft_vocab)
     randomise_dflash2(drafter, conv=0.3, selector=3.0)
     proposal, batch = teacher_forced_block(target, drafter, proposals=7, with_logits=False)
     torch.testing.assert_close(batch.draft_logits[0], proposal.logits, rtol=1e-4, atol=1e-4)
     walked = batch.selector_ids[0].gather(-1, batch.selector_scores[0].argmax(-1, keepdim=True))[:, 0]
-    assert walked.tolist() == proposal.tokens.tolist()
-    assert (proposal.tokens != proposal.logits.argmax(-1)).any(), "the selector must reorder a slot here"
+    assert drafter.head.to_target_ids(walked).tolist() == proposal.tokens.tolist()
+    assert (proposal.tokens != drafter.head.to_target_ids(proposal.logits.argmax(-1))).any(), \
+        "the selector must reorder a slot here"
 
 
 def test_selector_ce_leaves_out_gold_tokens_missing_from_the_top_k_and_records_recall():
