@@ -289,7 +289,8 @@ class DFlashConfig:
         if not any(name in architectures for name in DRAFTER_ARCHITECTURES):
             raise ConfigError(
                 f"config.json describes {architectures or 'no architecture'}, not a DFlash drafter "
-                f"(expected architectures: [\"{DFLASH_ARCHITECTURE}\"]); point --drafter at a DFlash checkpoint "
+                f"(expected architectures: [\"{DFLASH_ARCHITECTURE}\"] or [\"{DFLASH2_ARCHITECTURE}\"]); point --drafter "
+                "at a DFlash checkpoint "
                 "or create one with `blockdraft init-drafter`")
         dflash = raw.get("dflash_config")
         if not isinstance(dflash, Mapping) or "target_layer_ids" not in dflash or "mask_token_id" not in dflash:
