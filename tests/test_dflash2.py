@@ -497,3 +497,37 @@ def test_training_a_dflash2_drafter_with_cached_features_trains_its_selector(tmp
     assert [terms["selector/alpha"] for terms in logged][:2] == [0.5, 1.0]
     drafter = load_drafter(saved_run, str(setup[1]))
     assert drafter.config.is_dflash2 and drafter.model.candidate_selector.hidden_projection.weight.abs().sum() > 0
+
+
+# ------------------------------------------------------------------ trees from the selector
+
+def test_selector_trees_are_lossless_and_hold_the_selector_chain():
+    """DDTree over the selector's conditional scores: greedy output equals plain decoding (one prompt and batch
+    rows), the best-first tree's first path is the selector's greedy chain, and trees accept drafts."""
+    from blockdraft.drafters.selector_tree import SelectorTree, selector_tree
+
+    target, drafter = trained_dflash2("qwen3")
+    tree = SelectorTree(drafter, 16)
+    batch = prompts(2, seed=123)
+    plain = [blockdraft.generate(target, None, prompt, max_new_tokens=32, stop_token_ids=()).tokens for prompt in batch]
+    results = [blockdraft.generate(target, tree, prompt, max_new_tokens=32, stop_token_ids=()) for prompt in batch]
+    assert [r.tokens for r in results] == plain
+    assert [r.tokens for r in blockdraft.generate_batch(target, tree, batch, max_new_tokens=32, stop_token_ids=())] == plain
+    assert any(r.draft_parents is not None for result in results for r in result.rounds)
+    assert sum(r.accepted for result in results for r in result.rounds) > 10
+    sampled = blockdraft.generate(target, tree, batch[0], max_new_tokens=16, stop_token_ids=(), temperature=1.0)
+    assert len(sampled.tokens) == 16
+    prompt = batch[0]
+    features = target.forward(prompt[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
+    drafter.reset(prompt[:, :-1], features)
+    chain = drafter.propose(prompt, 7, SamplingConfig(), None)
+    drafter.reset(prompt[:, :-1], features)
+    with torch.inference_mode():
+        block = drafter.draft_block_hidden(prompt, 7)
+        tokens, parents = selector_tree(drafter.model.candidate_selector, block, drafter.head(block),
+                                        int(prompt[0, -1]), 64)
+    path, node = [], None
+    for depth in range(7):  # follow, from the anchor, the first-offered child at each depth: the greedy chain
+        node = next(i for i, p in enumerate(parents) if p == (-1 if node is None else node))
+        path.append(tokens[node])
+    assert path == chain.tokens.tolist()

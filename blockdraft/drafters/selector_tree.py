@@ -1,0 +1,92 @@
+"""Draft trees from DFlash 2's candidate selector: DDTree's best-first expansion over the selector's scores.
+
+DDTree (Ringel and Romano 2026) grows a tree best-first from per-slot marginals, a path scoring the sum of
+its nodes' log-probabilities. The selector's scores are not marginals: slot k's distribution depends on the
+token drafted before it (DFlash 2), so here a node's children are slot k+1's candidates scored against
+the node's own token, log q(b | parent) = log_softmax(S_{k+1}(. | parent) / T)(b), and the path score sums
+those. The tree is verified by the loop's tree rule (walk the target's own choices), which is lossless
+whatever the tree holds, so no draft distribution is needed.
+
+`SelectorTree(drafter, budget)` is itself a drafter, wrapping a DFlash 2 `DFlashDrafter` with a selector.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+
+from ..config import ConfigError, SamplingConfig
+from .base import Proposal
+
+
+class SelectorTree:
+    """Proposes a tree of at most `budget` nodes per round from the backbone's block and its selector."""
+
+    def __init__(self, drafter, budget: int):
+        if drafter.model.candidate_selector is None:
+            raise ConfigError("SelectorTree needs a DFlash 2 drafter with a candidate selector; for others use "
+                              "tree_budget (DDTree over the per-slot marginals)")
+        if budget < 1:
+            raise ConfigError(f"the tree budget must be >= 1 node, got {budget}")
+        self.drafter, self.budget = drafter, budget
+        self.target_layer_ids = drafter.target_layer_ids
+        self.max_proposals = drafter.max_proposals
+
+    def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
+        self.drafter.reset(prompt_ids, prompt_features)
+
+    def commit(self, length: int, features: torch.Tensor | None) -> None:
+        self.drafter.commit(length, features)
+
+    def spawn(self) -> "SelectorTree":
+        return SelectorTree(self.drafter.spawn(), self.budget)
+
+    @torch.inference_mode()
+    def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        drafter = self.drafter
+        depth = min(num_proposals, self.max_proposals)
+        if depth == 0:
+            return Proposal.empty(ids.device)
+        hidden = drafter.draft_block_hidden(ids, depth)  # (k, H)
+        tokens, parents = selector_tree(drafter.model.candidate_selector, hidden, drafter.head(hidden),
+                                        drafter.head.to_draft_id(int(ids[0, -1])), self.budget,
+                                        1.0 if sampling.greedy else sampling.temperature)
+        device = ids.device
+        return Proposal(tokens=drafter.head.to_target_ids(torch.tensor(tokens, dtype=torch.long, device=device)),
+                        parents=torch.tensor(parents, dtype=torch.long, device=device))
+
+
+def selector_tree(selector, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, budget: int,
+                  temperature: float = 1.0) -> tuple[list[int], list[int]]:
+    """Best-first nodes (draft ids) and their parents (-1 = the anchor), in an order where every parent
+    comes before its children. hidden (k, H), logits (k, V_draft); anchor in draft ids (-1 = none)."""
+    unary, ids = selector.candidates(logits)  # (k, top_k) each
+    projected = selector.hidden_projection(hidden).float()  # (k, r)
+
+    def children(slot: int, previous: int) -> torch.Tensor:  # (top_k,) log q(candidate | previous)
+        scores = unary[slot] + selector.pair_scores(projected[slot], torch.tensor(previous, device=ids.device),
+                                                    ids[slot])
+        return torch.log_softmax(scores / temperature, dim=-1)
+
+    tokens: list[int] = []
+    parents: list[int] = []
+    frontier: list[tuple[float, int, int, int, int]] = []  # (-path score, order, parent node, slot, candidate)
+    order = 0
+
+    def offer(parent: int, slot: int, previous: int, base: float) -> None:
+        nonlocal order
+        for candidate, log_q in enumerate(children(slot, previous).tolist()):
+            heapq.heappush(frontier, (-(base + log_q), order, parent, slot, candidate))
+            order += 1
+
+    offer(-1, 0, anchor, 0.0)
+    while frontier and len(tokens) < budget:
+        negative, _, parent, slot, candidate = heapq.heappop(frontier)
+        token = int(ids[slot, candidate])
+        tokens.append(token)
+        parents.append(parent)
+        if slot + 1 < logits.shape[0]:
+            offer(len(tokens) - 1, slot + 1, token, -negative)
+    return tokens, parents
