@@ -438,6 +438,12 @@ CASES += [
     ("train-max-minutes-negative", no_setup, TRAIN + ["--max-minutes", "-1"], ["--max-minutes"]),
     ("bench-max-minutes-negative", no_setup, BENCH + ["--method", "ar", "--max-minutes", "-1", "--out", "{sandbox}/b"],
      ["--max-minutes"]),
+    # found by re-probing the same classes with new inputs
+    ("demo-steps-negative", no_setup, ["demo", "--steps", "-1"], ["--steps"]),
+    ("cache-report-block-size-0", no_setup, CACHE + ["--report-block-size", "0", "--out", "{sandbox}/c"],
+     ["--report-block-size"]),
+    ("gen-num-proposals-beyond-block", no_setup, GEN + ["--drafter", "{base}/drafter", "--num-proposals", "100"],
+     ["--num-proposals 100", "at most 3"]),
     ("regen-max-minutes-negative", no_setup,
      REGEN + ["--n", "1", "--max-minutes", "-1", "--out", "{sandbox}/r.jsonl"], ["--max-minutes"]),
 ]

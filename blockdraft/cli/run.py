@@ -41,6 +41,11 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
     if args.drafter:
         sources.append(load_drafter(args.drafter, target))
         labels.append("dflash")
+        fixed = _fixed_proposals(args)
+        if fixed is not None and fixed > sources[-1].max_proposals:
+            raise ConfigError(f"--num-proposals {fixed} exceeds the {sources[-1].max_proposals} tokens this drafter "
+                              f"proposes per round (its block size minus the anchor); give at most "
+                              f"{sources[-1].max_proposals}, or `measured`")
     fallback = getattr(args, "fallback", False)
     if fallback and len(sources) < 2:
         raise ConfigError("--fallback picks, each round, the first of several drafters that proposes anything: "
@@ -170,6 +175,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1 (quick training steps of the tiny drafter), got {args.steps}")
     setup_torch(args)
     return run_demo(seed=args.seed, block_size=args.block_size, steps=args.steps)
 

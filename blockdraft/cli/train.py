@@ -326,6 +326,9 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
     from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
 
     set_threads(args.threads)
+    if args.report_block_size is not None and args.report_block_size < 2:
+        raise ConfigError(f"--report-block-size must be >= 2 (an anchor and one prediction), got "
+                          f"{args.report_block_size}")
     if args.config:
         config = TrainConfig.load(args.config, args.overrides)
         flags = [name for name in ("target", "data", "layers", "topk") if getattr(args, name) is not None]
