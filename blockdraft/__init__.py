@@ -51,7 +51,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
     _check_counts(max_new_tokens, num_proposals)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
-    stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
+    stops = _stop_ids(target, stop_token_ids)
     return speculative_generate(target, drafter, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                 stop_token_ids=stops, seed=seed, num_proposals=num_proposals, record_q=record_q)
 
@@ -94,10 +94,23 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
         seeds = list(seed)
     else:
         raise ConfigError(f"seed must be an integer, a list of integers (one per prompt) or None, got {seed!r}")
-    stops = target.eos_token_ids() if stop_token_ids is None else list(stop_token_ids)
+    stops = _stop_ids(target, stop_token_ids)
     return batch_generate(target, drafter, tensors, max_new_tokens=max_new_tokens, sampling=sampling,
                           stop_token_ids=stops, seeds=seeds, num_proposals=num_proposals, record_q=record_q,
                           max_batch=max_batch)
+
+
+def _stop_ids(target: Target, stop_token_ids: Iterable[int] | None) -> list[int]:
+    """The target's EOS ids for None, else the given ids, refused by name unless they are integers."""
+    if stop_token_ids is None:
+        return target.eos_token_ids()
+    if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, Iterable):
+        raise ConfigError(f"stop_token_ids must be a list of token ids (or None for the target's EOS), got "
+                          f"{stop_token_ids!r}")
+    stops = list(stop_token_ids)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
+        raise ConfigError(f"stop_token_ids must be integers (token ids), got {stops!r}")
+    return stops
 
 
 def _check_counts(max_new_tokens: int, num_proposals: int | str | None) -> None:

@@ -110,6 +110,8 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
     N=36, 5 layers -> (1, 9, 17, 25, 33). On targets too shallow for that rule (N <= 3) an id is capped at
     N - 2, the last valid one (the final layer's output is post-norm), so the default is always valid.
     """
+    if isinstance(num_draft_layers, bool) or not isinstance(num_draft_layers, int):
+        raise ConfigError(f"the number of draft layers must be an integer, got {num_draft_layers!r}")
     if num_target_layers < 2:
         raise ConfigError(f"a target needs at least 2 decoder layers to feed a drafter, got {num_target_layers}")
     if num_draft_layers < 1:

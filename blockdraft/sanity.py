@@ -75,18 +75,22 @@ def check_drafter_file(config: DFlashConfig, weights: str | Path) -> None:
                                   "the checkpoint is corrupt: re-save or re-download it")
 
 
-def _built_for(drafter) -> list:
-    """The targets a drafter object (and the drafters inside a tree or a headed drafter) was built with."""
+def _parts(drafter) -> list:
+    """A drafter object and the drafters inside it (a tree's sources, a headed drafter's backbone)."""
     found, todo = [], [drafter]
     while todo:
         item = todo.pop()
-        for name in ("target", "_target"):
-            if getattr(item, name, None) is not None:
-                found.append(getattr(item, name))
+        found.append(item)
         todo.extend(getattr(item, "sources", None) or ())
         if getattr(item, "backbone", None) is not None:
             todo.append(item.backbone)
     return found
+
+
+def _built_for(drafter) -> list:
+    """The targets a drafter object (and the drafters inside it) was built with."""
+    return [getattr(item, name) for item in _parts(drafter) for name in ("target", "_target")
+            if getattr(item, name, None) is not None]
 
 
 def check_drafter_target(drafter, target) -> None:
@@ -102,3 +106,11 @@ def check_drafter_target(drafter, target) -> None:
         if differs:
             raise ConfigError(f"this drafter was built for another target ({'; '.join(differs)}): load it for the "
                               "target you decode with, e.g. load_drafter(path, target)")
+    vocab_size = getattr(target, "vocab_size", None)
+    for item in _parts(drafter):  # a lookup corpus tokenised for another model would propose foreign ids
+        corpus = getattr(item, "corpus", None)
+        tokens = getattr(corpus, "tokens", None)
+        if vocab_size is not None and tokens is not None and len(tokens) and int(tokens.max()) >= vocab_size:
+            raise ConfigError(f"the lookup corpus holds token id {int(tokens.max())}, outside the target's vocabulary "
+                              f"of {vocab_size} ids: it was tokenised for another model; build it with this "
+                              "target's tokenizer")

@@ -7,6 +7,7 @@ a plain `DFlashDrafter` or, when config.json describes heads, as a `HeadedDrafte
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Collection
 
@@ -30,7 +31,7 @@ def load_drafter(path: str | Path, target: Target | str) -> Drafter:
     """
     from ..shipped import resolve_drafter
 
-    if target is None or path is None:
+    if target is None or not isinstance(path, (str, os.PathLike)):
         raise ConfigError("load_drafter(path, target) needs the drafter's folder (or shipped name) and the target it "
                           "drafts for; for plain decoding pass drafter=None to generate instead")
     target = load_target(target)

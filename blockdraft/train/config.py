@@ -222,6 +222,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "TrainConfig":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"a training config is a JSON object of field: value, got a {type(raw).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
