@@ -345,6 +345,16 @@ def test_a_drafter_object_for_another_target_is_a_named_error(root, tmp_path):
     with pytest.raises(ConfigError, match="built for another target"):
         blockdraft.generate(wide, drafter, prompt, max_new_tokens=4, tree_budget=4)
     assert len(blockdraft.generate(narrow, drafter, prompt, max_new_tokens=4).tokens) == 4
+    # the same class, other inputs: a lookup corpus tokenised for another model, stop ids that are not ids
+    from blockdraft.drafters.lookup import CorpusIndex, LookupDrafter
+
+    foreign = LookupDrafter(4, corpus=CorpusIndex([[3, 4, 5, 900, 901]]))
+    with pytest.raises(ConfigError, match="tokenised for another model"):
+        blockdraft.generate(narrow, foreign, prompt, max_new_tokens=4)
+    with pytest.raises(ConfigError, match="stop_token_ids must be integers"):
+        blockdraft.generate(narrow, None, prompt, max_new_tokens=4, stop_token_ids=["a"])
+    with pytest.raises(ConfigError, match="stop_token_ids must be a list"):
+        blockdraft.generate_batch(narrow, None, [prompt], max_new_tokens=4, stop_token_ids="</s>")
 
 
 def test_load_drafter_without_a_target_is_a_named_error(root, tmp_path):
@@ -353,6 +363,10 @@ def test_load_drafter_without_a_target_is_a_named_error(root, tmp_path):
         load_drafter(tmp_path / "d", None)
     with pytest.raises(ConfigError, match="load_target takes"):
         load_target(None)
+    with pytest.raises(ConfigError, match=r"load_drafter\(path, target\)"):
+        load_drafter(5, load_target(root / "target", dtype="fp32"))
+    with pytest.raises(ConfigError, match="must be an integer"):
+        init_drafter(load_target(root / "target", dtype="fp32"), num_layers="2")
 
 
 def test_lookup_corpus_index_refuses_empty_and_foreign_documents():
