@@ -345,6 +345,12 @@ def test_a_drafter_object_for_another_target_is_a_named_error(root, tmp_path):
     with pytest.raises(ConfigError, match="built for another target"):
         blockdraft.generate(wide, drafter, prompt, max_new_tokens=4, tree_budget=4)
     assert len(blockdraft.generate(narrow, drafter, prompt, max_new_tokens=4).tokens) == 4
+    # a drafter for a vocab-256 target on a vocab-128 one (an IndexError before)
+    from blockdraft.tiny import tiny_target
+
+    big, small = tiny_target(vocab_size=256, hidden_size=32), tiny_target(vocab_size=128, hidden_size=32)
+    with pytest.raises(ConfigError, match="vocab_size 256 vs 128"):
+        blockdraft.generate(small, init_drafter(big, block_size=4), prompt, max_new_tokens=4)
     # the same class, other inputs: a lookup corpus tokenised for another model, stop ids that are not ids
     from blockdraft.drafters.lookup import CorpusIndex, LookupDrafter
 
