@@ -86,5 +86,5 @@ def input_folder(name_or_path: str | None) -> Path | None:
 def method_paths(methods: list[str]) -> list[Path]:
     """Existing files and folders named inside bench method strings (`dflash:DIR,tree=32`,
     `hybrid:lookup=C.jsonl+dflash=DIR`): inputs that --out must not be."""
-    pieces = {piece for method in methods for piece in re.split(r"[:,=+]", method) if piece}
+    pieces = {value for method in methods for value in re.findall(r"[:=]([^,+:=]+)", method)}  # values, not names
     return [Path(piece).expanduser() for piece in sorted(pieces) if Path(piece).expanduser().exists()]
