@@ -174,8 +174,8 @@ class DFlashConfig:
                             "num_key_value_heads": width, "vocab_size": f"[1, {MAX_VOCAB}]",
                             "num_target_layers": ">= 1", "rms_norm_eps": "> 0", "max_position_embeddings": ">= 1"})
         if not 2 <= self.block_size <= MAX_BLOCK_SIZE:
-            raise ConfigError(f"block_size must be in [2, {MAX_BLOCK_SIZE}] (an anchor plus at least one prediction; "
-                              f"DFlash uses 16), got {self.block_size}")
+            raise ConfigError(f"block_size must be >= 2 (an anchor plus at least one prediction) and <= "
+                              f"{MAX_BLOCK_SIZE} (DFlash uses 16), got {self.block_size}")
         if self.num_attention_heads * self.head_dim > MAX_WIDTH:
             raise ConfigError(f"num_attention_heads x head_dim = {self.num_attention_heads * self.head_dim} exceeds "
                               f"{MAX_WIDTH}; the config is corrupt")
