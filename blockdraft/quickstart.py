@@ -115,19 +115,24 @@ class Plan:
                    feature_tokens=feature_tokens)
 
 
-def probe_throughput(target_name: str, *, tokens: int = 128, steps: int = 4) -> Throughput:
-    """Load the target at `auto` precision and time one teacher-forced pass over `tokens` tokens (features,
-    logits and the top-k part, as the feature pass runs them) and `steps` cached one-token steps."""
+def probe_throughput(target, *, tokens: int = 64, steps: int = 3, load_s: float | None = None) -> Throughput:
+    """Time one teacher-forced pass over `tokens` tokens (features, logits and the top-k part, as the feature
+    pass runs them) and `steps` cached one-token steps of `target`: a loaded target (`load_s`: the seconds its
+    loading took), or a name or folder loaded here at `auto` precision (bf16 only where native)."""
     if tokens < 8 + steps:
         raise ConfigError(f"the probe needs at least {8 + steps} tokens, got {tokens}")
     from transformers import DynamicCache
 
-    from .target import load_target, native_bf16
+    from .target import Target, load_target, native_bf16
     from .train.features import topk_log_probs
 
     started = time.monotonic()
-    target = load_target(target_name, dtype="auto")
-    load_s = time.monotonic() - started
+    if isinstance(target, Target):
+        load_s = load_s or 0.0
+        started -= load_s  # the probe's time includes the loading done before
+    else:
+        target = load_target(target, dtype="auto")
+        load_s = time.monotonic() - started
     layer = max(0, target.num_layers - 2)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, min(target.vocab_size, 32000), (1, tokens), generator=generator)  # (1, T)
@@ -156,9 +161,11 @@ def probe_throughput(target_name: str, *, tokens: int = 128, steps: int = 4) -> 
                       step_target_tokens=step_target_tokens, load_s=load_s, probe_s=time.monotonic() - started)
 
 
-def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum: int = 8) -> int:
-    """How many of `rows` (JSONL conversations, in order) fill `tokens` tokens of the feature pass, each
-    cut at MAX_LENGTH as training cuts it (at least `minimum`)."""
+def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum: int = 8) -> list[str]:
+    """The first of `rows` (JSONL conversations, in order) that fill `tokens` tokens of the feature pass, each
+    cut at MAX_LENGTH as training cuts it. Rows longer than a quarter of `tokens` (at least 128) are passed
+    over, so that the pass's deadline, checked between conversations, is never far overrun by one long one;
+    so are rows with no answer token left after the cut. At least `minimum` rows while they fit."""
     import tempfile
 
     from .data.conversations import ConversationError, load_conversations, tokenize_conversation
@@ -167,15 +174,21 @@ def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum
         path = Path(folder) / "rows.jsonl"
         path.write_text("".join(row + "\n" for row in rows))
         conversations = load_conversations(path)
-    total = 0
-    for count, messages in enumerate(conversations, 1):
+    longest = max(128, tokens // 4)
+    chosen, total = [], 0
+    for row, messages in zip(rows, conversations):
         try:
-            total += min(MAX_LENGTH, len(tokenize_conversation(tokenizer, messages, max_length=MAX_LENGTH).input_ids))
+            item = tokenize_conversation(tokenizer, messages, max_length=MAX_LENGTH)
         except ConversationError:
             continue
-        if total >= tokens and count >= minimum:
-            return count
-    return len(conversations)
+        length = len(item.input_ids)
+        if length > longest or int(item.loss_mask.sum()) < BLOCK_SIZE:
+            continue
+        chosen.append(row)
+        total += length
+        if total >= tokens and len(chosen) >= minimum or total >= 2 * tokens:
+            break
+    return chosen
 
 
 def _stage(name: str, started: float) -> None:
@@ -189,6 +202,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     from .checkpoints import load_drafter_model, save_drafter
     from .data.regen import regen, training_prompts
     from .eval.bench import BenchConfig, run_bench
+    from .target import load_target
     from .train.checkpoint import latest_checkpoint
     from .train.config import TrainConfig
     from .train.loop import train
@@ -222,8 +236,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     answers = answered_conversations(train_prompts)
     methods = _methods(target, draft_model, out / "drafter")
 
-    _stage("probe this machine's throughput (the target at `auto` precision: bf16 only where native)", started)
-    speed = probe_throughput(target)
+    _stage("load the target at `auto` precision (bf16 only where native) and probe this machine's throughput",
+           started)
+    loading = time.monotonic()
+    loaded = load_target(target, dtype="auto")  # kept for training, which would load it again
+    speed = probe_throughput(loaded, load_s=time.monotonic() - loading)
     left = max(budget * 60 - (time.monotonic() - started), 60.0)
     plan = Plan.for_machine(budget, left, speed, answers=answers is not None, methods=len(methods),
                             prompt_tokens=_first_prompt_tokens(target, dataset))
@@ -248,11 +265,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
             from .assets import resolve_model
 
             tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
-            count = conversations_for_tokens(answers[:4096], tokenizer, plan.feature_tokens)
-            _stage(f"take {count} conversations with their own answers from {train_prompts} (about "
+            chosen = conversations_for_tokens(answers[:4096], tokenizer, plan.feature_tokens)
+            _stage(f"take {len(chosen)} conversations with their own answers from {train_prompts} (about "
                    f"{plan.feature_tokens:,} tokens for the teacher-forced pass: the target's greedy choice at "
                    f"every answer token)", started)
-            write_text_atomic(data, "".join(line + "\n" for line in answers[:count]))
+            write_text_atomic(data, "".join(line + "\n" for line in chosen))
     elif not training_started:  # once training has begun, its data stays as it was
         _stage(f"regenerate up to {plan.train_conversations} training answers with the target "
                f"({SHARES['regen'] * left / 60:.1f} min)", started)
@@ -280,11 +297,12 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
         now = time.monotonic()
         features_deadline = now + FEATURES_SHARE * train_s if answers else now + train_s
         trained = train(config, resume=latest_checkpoint(train_dir) is not None, deadline=now + train_s,
-                        features_deadline=features_deadline)
+                        features_deadline=features_deadline, target=loaded)
         # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
         save_drafter(load_drafter_model(trained, dtype=torch.float32), drafter_dir,
                      extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
         stage_done("train (features and steps)")
+    del loaded  # the benchmark loads its own
     steps = _trained_steps(train_dir)
     cached = _cached_sequences(train_dir / "features")
 
@@ -292,7 +310,9 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
            f"{speed.dtype}, {bench_share(speed.dtype) * left / 60:.1f} min)", started)
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
                         max_new_tokens=plan.bench_tokens, dtype="auto", threads=threads)
-    results = run_bench(bench, out / "bench", deadline=time.monotonic() + bench_share(speed.dtype) * left)
+    # Hard: on a slow machine even the first prompt's runs stop at the share, the methods left out.
+    results = run_bench(bench, out / "bench", deadline=time.monotonic() + bench_share(speed.dtype) * left,
+                        hard_deadline=True)
     stage_done("benchmark")
 
     # What is left of the budget, less a minute for the report, bounds the separate check (bf16 runs only).

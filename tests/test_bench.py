@@ -370,3 +370,17 @@ def test_progress_shows_each_warm_up_and_each_method_done_within_a_prompt(assets
     assert done[0].startswith("[1/2] humaneval T/0: 1/3 run(s) done") and "tok/s" in done[0]
     first_summary = next(i for i, line in enumerate(lines) if line.startswith("[1/2] humaneval T/0: ar "))
     assert lines.index(done[2]) < first_summary  # the methods' lines come before the prompt's summary
+
+
+def test_a_hard_deadline_skips_warm_ups_and_the_runs_left_of_the_first_prompt(assets, tmp_path):
+    import time
+
+    lines = []
+    config = BenchConfig(target=str(assets / "target"), methods=("ar", "hf-prompt-lookup:3"),
+                         datasets=(f"humaneval={assets / 'he.jsonl'}",), n=2, max_new_tokens=4, dtype="fp32",
+                         threads=1)
+    results = bench_module.run_bench(config, tmp_path / "hard", log=lines.append, deadline=time.monotonic() - 1,
+                                     hard_deadline=True)
+    assert [r["method"] for r in results["records"]] == ["ar"]  # the first run only, nothing after the deadline
+    assert any("warm-ups 1-2 skipped" in line for line in lines)
+    assert any("1 of 2 run(s) measured" in line for line in lines)

@@ -301,11 +301,13 @@ def _stderr(message: str) -> None:
 
 
 def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, config: BenchConfig, *,
-                   rotation: int = 0, progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
+                   rotation: int = 0, progress: Callable[[list[dict]], None] | None = None,
+                   stop_at: float | None = None) -> list[dict]:
     """All turns of one prompt with every runner, interleaved; each runner keeps its own chat history.
 
     The runners start at index `rotation` (the caller shifts it by one per prompt), so that no
     method always runs right after the same other one. `progress` sees the records so far after each run.
+    Past `stop_at` (a `time.monotonic()` value) no further run starts: the prompt keeps the runs it has.
     """
     histories: dict[int, list[dict[str, str]]] = {i: [] for i in range(len(runners))}
     sha = prompt_sha256(prompt)
@@ -313,6 +315,8 @@ def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, confi
     order = [(i + rotation) % len(runners) for i in range(len(runners))]
     for turn, text in enumerate(prompt.turns):
         for index in order:
+            if stop_at is not None and records and time.monotonic() > stop_at:
+                return records
             runner = runners[index]
             messages = histories[index] + [{"role": "user", "content": text}]
             started_at = time.time()
@@ -398,10 +402,15 @@ def _open_session(config: BenchConfig, existing: dict | None, records: list[dict
 
 
 def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, results: dict, session: dict,
-                     out_dir: Path, log: Callable[[str], None], deadline: float | None) -> None:
-    """One request at a time: every pending prompt with every runner, interleaved."""
+                     out_dir: Path, log: Callable[[str], None], deadline: float | None, hard: bool = False) -> None:
+    """One request at a time: every pending prompt with every runner, interleaved. `hard`: the deadline
+    also skips the warm-ups left and the runs left of the prompt it falls in."""
+    stop_at = deadline if hard else None
     first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
     for number, runner in enumerate(runners, 1):  # warm-up: first-call allocations and lazy inits stay out of the timings
+        if stop_at is not None and time.monotonic() > stop_at:
+            log(f"bench: out of time: warm-ups {number}-{len(runners)} skipped")
+            break
         warm_started = time.monotonic()
         run_or_fail(runner, first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
         log(f"bench: warm-up {number}/{len(runners)} {_label(runner.method, runner.block_size)} "
@@ -422,7 +431,10 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
                 f"{turn} {_speed(last):.1f} tok/s")
 
         new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners),
-                             progress=progress)
+                             progress=progress, stop_at=stop_at)
+        if len(new) < len(runners) * len(prompt.turns):
+            log(f"bench: out of time within {name} {prompt.id}: {len(new)} of {len(runners) * len(prompt.turns)} "
+                "run(s) measured, the rest left out")
         last_prompt_s = time.monotonic() - prompt_started
         results["records"].extend(new)
         session["prompts_measured"] += 1
@@ -431,13 +443,15 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
 
 
 def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = False,
-              log: Callable[[str], None] = _stderr, deadline: float | None = None) -> dict:
+              log: Callable[[str], None] = _stderr, deadline: float | None = None, hard_deadline: bool = False) -> dict:
     """Measure every pending prompt, then write the report; returns the results dict.
 
     All checks (configuration, existing folder, prompt sets, models and drafters) happen before
     anything is written. `deadline` (a `time.monotonic()` value) stops before a prompt that the
     previous prompt's duration says would end after it (at least one prompt is measured); the
-    report covers the prompts measured, and a re-run measures the rest.
+    report covers the prompts measured, and a re-run measures the rest. `hard_deadline` (the quickstart,
+    on its budget): past the deadline no warm-up or run starts either, even within the first prompt,
+    whose records then lack the methods left (a re-run does not add them).
     """
     out_dir = Path(out_dir)
     existing = open_existing(out_dir, config, overwrite)
@@ -466,7 +480,8 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
                 measure_batches(batched, runners, target.tokenizer, config, results, session,
                                 lambda: write_results(out_dir / RESULTS, results), log, deadline)
             else:
-                _measure_prompts(pending, runners, target, config, results, session, out_dir, log, deadline)
+                _measure_prompts(pending, runners, target, config, results, session, out_dir, log, deadline,
+                                 hard=hard_deadline)
         except BaseException:
             if results["records"]:  # results.json never stands without the report of what it holds
                 from .report import write_report

@@ -56,7 +56,8 @@ def _device(config: TrainConfig):
 
 
 def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None = None,
-          deadline: float | None = None, overwrite: bool = False, features_deadline: float | None = None) -> Path:
+          deadline: float | None = None, overwrite: bool = False, features_deadline: float | None = None,
+          target: Target | None = None) -> Path:
     """Train a drafter per `config`; returns the final checkpoint folder.
 
     `stop_after` ends the run after that many steps of this invocation (used to test resume).
@@ -64,6 +65,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     with a checkpoint there; the schedule still spans `max_steps`, so `--resume` continues it.
     Both return the last checkpoint folder instead of `final`. With `features="cached"` the feature pass
     stops at `features_deadline` (default: `deadline`) and the run trains on the sequences it cached.
+    `target`: `config.target` already loaded at `config.target_dtype` (the quickstart's probe), not loaded again.
 
     `out_dir` must be new, empty or an earlier run's folder (`overwrite`: any folder; files of its own
     names are replaced, nothing else is deleted). The run holds a lock on it, so a second trainer
@@ -88,11 +90,11 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     features_deadline = deadline if features_deadline is None else features_deadline
     if not dist_info.is_main:
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
-                    features_deadline=features_deadline)
+                    features_deadline=features_deadline, target=target)
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
-                    features_deadline=features_deadline)
+                    features_deadline=features_deadline, target=target)
 
 
 # ------------------------------------------------------------------ setup
@@ -147,11 +149,11 @@ class StepResult:
 
 
 def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool,
-          features_deadline: float | None = None) -> Run:
+          features_deadline: float | None = None, target: Target | None = None) -> Run:
     """Target, data, drafter (new, from `drafter_init` or resumed), heads, optimizer and objective."""
     torch.manual_seed(config.seed)
     out_dir = Path(config.out_dir)
-    target = load_target(config.target, dtype=config.target_dtype, device=device)
+    target = target if target is not None else load_target(config.target, dtype=config.target_dtype, device=device)
 
     start_step, state, resume_from = 0, None, None
     previous = latest_checkpoint(out_dir)
@@ -362,8 +364,9 @@ def _append(path: Path, row: dict) -> None:
 
 
 def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool,
-         stop_after: int | None, deadline: float | None, features_deadline: float | None = None) -> Path:
-    run = setup(config, device, dist_info, resume=resume, features_deadline=features_deadline)
+         stop_after: int | None, deadline: float | None, features_deadline: float | None = None,
+         target: Target | None = None) -> Path:
+    run = setup(config, device, dist_info, resume=resume, features_deadline=features_deadline, target=target)
     out_dir = run.out_dir
     metrics_path = out_dir / "metrics.jsonl"
     if dist_info.is_main and metrics_path.exists():
