@@ -187,8 +187,12 @@ def prepare_export(drafter_dir: str | Path, target_dir: Path, folder: Path, *,
         raw["architectures"] = ["DSparkDraftModel"]
         raw["sample_from_anchor"] = config.layout == "dspark"
         raw["markov_head_type"] = "vanilla"
+    if config.is_dflash2 and dspark_class:
+        raise EngineError(f"{source} is a DFlash 2 drafter with a reduced vocabulary or a Markov head; llama.cpp's "
+                          "converter writes those only through its DSpark class, which has no DFlash 2 layers")
     if config.is_dflash2:
-        notes.append("DFlash 2 drafter: passed to llama.cpp's DFlash2DraftModel conversion as is")
+        notes.append("DFlash 2 drafter: passed to llama.cpp's DFlash2DraftModel conversion as is (not yet checked "
+                     "against a llama.cpp run)")
     # the converter reads top-level fields; keep ours but drop what it would misread
     raw.pop("heads", None)
     stored = next(iter(state.values())).dtype
