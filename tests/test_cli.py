@@ -102,7 +102,7 @@ def _exit_code(argv) -> int:
 
 COMMANDS = {"generate", "init-drafter", "train", "demo", "assets", "regen", "quickstart", "bench", "report", "compare",
             "curves", "bench-engine", "bench-train", "bench-verify", "import-dspark", "train-local-head",
-            "attach-local-head", "train-fusion-weights", "cache-features", "export"}
+            "attach-local-head", "train-fusion-weights", "cache-features", "export", "engines"}
 
 
 def test_every_subcommand_is_registered():
