@@ -22,11 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-
-def blockdraft_home() -> Path:
-    from .assets import home
-
-    return home()
+from .assets import home as blockdraft_home
+from .data.sources import SOURCES, conversations_file
 
 
 def _slug(text: str) -> str:
@@ -64,8 +61,6 @@ def find_data(path: str) -> Path:
     given = Path(path).expanduser()
     if given.exists() or given.is_absolute():
         return given
-    from .data.sources import SOURCES, conversations_file
-
     if str(path) in SOURCES:
         return conversations_file(str(path))
     home = blockdraft_home() / given

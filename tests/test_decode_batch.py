@@ -8,7 +8,7 @@ import torch
 
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.decode import loop as loop_module
+from blockdraft.decode import accept as accept_module
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
@@ -172,7 +172,7 @@ def test_batched_sampling_matches_target_distribution(case):
 
 def test_batched_broken_residual_is_detected(monkeypatch):
     """The batch loop's own verify call, broken as in test_decode_sampling: the chi-square must see it."""
-    monkeypatch.setattr(loop_module, "verify", broken_residual_verify)
+    monkeypatch.setattr(accept_module, "verify", broken_residual_verify)
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
     counts = draw_rows(target, SmallARDrafter(make_target(seed=3), target, num_proposals=2), sampling, DRAWS)

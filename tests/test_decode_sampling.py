@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 
 import blockdraft
 from blockdraft.config import SamplingConfig
-from blockdraft.decode import loop as loop_module
+from blockdraft.decode import accept as accept_module
 from blockdraft.decode import verify as verify_module
 from blockdraft.decode.sampling import sample, to_probs
 from blockdraft.drafters.small_ar import SmallARDrafter
@@ -112,7 +112,7 @@ def broken_residual_verify(target_logits, draft_tokens, q_draft, sampling, gener
 
 def test_broken_residual_is_detected(target, monkeypatch):
     """Sampling the correction from p instead of norm(max(0, p - q)) biases the output: the test must see it."""
-    monkeypatch.setattr(loop_module, "verify", broken_residual_verify)
+    monkeypatch.setattr(accept_module, "verify", broken_residual_verify)
     sampling = SamplingConfig(temperature=1.0)
     drafter = SmallARDrafter(make_target(seed=3), target, num_proposals=2)
     counts = draw(target, drafter, sampling, DRAWS)

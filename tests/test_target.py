@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from blockdraft.config import ConfigError, default_target_layer_ids
+from blockdraft.decode.cache import TargetCache
 from blockdraft.target import Target
 from blockdraft.tiny import ARCHITECTURES, tiny_target
 
@@ -56,7 +57,7 @@ def test_cached_incremental_forward_and_crop_match_a_full_forward(arch):
     wrong = ids[:, 20:28].clone()
     wrong[0, 3:] = 7
     target.forward(wrong, 20, cache)
-    Target.crop(cache, 23)
+    TargetCache(target, cache=cache).crop(23)
     assert cache.get_seq_length() == 23
     rest = target.forward(ids[:, 23:], 23, cache, layer_ids=[1])
     torch.testing.assert_close(rest.logits, full.logits[:, 23:], atol=1e-4, rtol=1e-4)
@@ -71,7 +72,7 @@ def test_embeddings_lm_head_and_eos_are_exposed():
     assert target.lm_head.weight.shape == (256, 64)
     assert target.eos_token_ids() == [254]
     with pytest.raises(ValueError):
-        Target.crop(target.new_cache(), 5)
+        TargetCache(target).crop(5)
 
 
 def test_auto_dtype_follows_native_bf16(monkeypatch):

@@ -7,15 +7,16 @@ import torch
 
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.decode import loop as loop_module
+from blockdraft.decode import accept as accept_module
 from blockdraft.decode import tree as tree_module
 from blockdraft.decode.sampling import sample, to_probs
-from blockdraft.decode.tree import TreeBuilder, ancestor_mask, best_first_tree, chain_parents, verify_tree
+from blockdraft.attention import tree_layout
+from blockdraft.decode.tree import TreeBuilder, best_first_tree, chain_parents, verify_tree
 from blockdraft.drafters.base import Proposal
 from blockdraft.drafters.lookup import CorpusIndex, LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from blockdraft.drafters.tree import TreeDrafter
-from blockdraft.target import Target
+from blockdraft.decode.cache import TargetCache
 from helpers import init_drafter, prompts, tiny_target, trained_drafter
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
@@ -41,7 +42,9 @@ def plain(target, prompt, n, stops=()):
 def test_ancestor_mask_and_depths():
     parents = torch.tensor([-1, -1, 0, 2, 1])
     assert tree_module.depths(parents) == [1, 1, 2, 3, 2]
-    visible = ancestor_mask(parents)
+    depth, visible = tree_layout(_over_anchor(parents))  # over [anchor, nodes]
+    visible = visible[0]
+    assert depth[0].tolist() == [0, 1, 1, 2, 3, 2]
     assert visible[4].tolist() == [True, True, False, True, True, False]  # node 3: anchor, 0, 2, itself
     assert visible[5].tolist() == [True, False, True, False, False, True]  # node 4: anchor, 1, itself
     assert visible.diagonal().all() and visible[:, 0].all()
@@ -113,14 +116,16 @@ def test_tree_round_leaves_the_cache_of_the_committed_chain(targets, arch):
     tokens = torch.tensor([11, 12, 13, 14, 15, 16, 17], device=device)
     parents = torch.tensor([-1, -1, 0, 1, 2, 2, 4], device=device)  # path to node 6: 0 -> 2 -> 4 -> 6
     path = [0, 2, 4, 6]
-    cache = target.new_cache()
-    target.forward(prompt[:, :-1], 0, cache)
+    kept = TargetCache(target)
+    target.forward(prompt[:, :-1], 0, kept.cache)
     start = prompt.shape[1] - 1
-    out = target.forward_tree(torch.cat([prompt[:, -1:], tokens[None]], dim=1), start, cache, parents, (1,))
-    Target.keep_tree_path(cache, tokens.shape[0], path)
-    Target.crop(cache, start + 1 + len(path))
+    out = target.verify(torch.cat([prompt[:, -1:], tokens[None]], dim=1), torch.tensor([start]), kept.cache,
+                        _over_anchor(parents), (1,))
+    kept.keep_tree_path(tokens.shape[0], path)
+    kept.crop(start + 1 + len(path))
+    cache = kept.cache
     chain_cache, chain_out = _run_chain(target, prompt, tokens[path])
-    Target.crop(chain_cache, start + 1 + len(path))  # as the loop does: sliding layers drop what they no longer see
+    TargetCache(target, cache=chain_cache).crop(start + 1 + len(path))  # as the loop does: sliding layers drop what they no longer see
     rows = [0] + [node + 1 for node in path]
     torch.testing.assert_close(out.logits[0, rows], chain_out.logits[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.features[0, rows], chain_out.features[0], rtol=1e-5, atol=1e-5)
@@ -170,8 +175,13 @@ def test_a_one_chain_tree_is_the_chain_path(targets, trained):
     for cache in (cache_a, cache_b):
         target.forward(prompt[:, :-1], 0, cache)
     start = prompt.shape[1] - 1
-    torch.testing.assert_close(target.forward_tree(ids, start, cache_a, parents).logits,
+    torch.testing.assert_close(target.verify(ids, torch.tensor([start]), cache_a, _over_anchor(parents)).logits,
                                target.forward(ids, start, cache_b).logits, rtol=1e-5, atol=1e-5)
+
+
+def _over_anchor(parents: torch.Tensor) -> torch.Tensor:
+    """(1, n + 1) the parents `Target.verify` takes over [anchor, nodes]: node i is slot i + 1."""
+    return torch.cat([parents.new_tensor([-1]), parents + 1])[None]
 
 
 # ------------------------------------------------------------------ greedy: lossless
@@ -351,7 +361,7 @@ def test_a_broken_tree_rule_is_detected(monkeypatch):
             path.append(child)
             row = child + 1
 
-    monkeypatch.setattr(loop_module, "verify_tree", broken)
+    monkeypatch.setattr(accept_module, "verify_tree", broken)
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
     drafter = TreeDrafter(init_drafter(target, num_layers=1, block_size=3), 6)

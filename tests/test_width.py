@@ -4,15 +4,14 @@ import pytest
 import torch
 
 import blockdraft
+from blockdraft import cost as cost_module
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.decode import loop as loop_module
 from blockdraft.decode import width as width_module
 from blockdraft.decode.width import PROBE_EVERY, CostAwareWidth
 from blockdraft.drafters.base import Proposal
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.eval.methods import build_runners, parse_method
-from blockdraft.eval.verify_cost import measure_row_verify_cost
 from helpers import init_drafter, targets, trained  # noqa: F401 (fixtures)
 from test_decode_batch import DRAWS, ROW_PROMPTS, mixed_prompts
 from test_decode_sampling import NEW, chi_square_p, exact_joint, make_target
@@ -21,9 +20,9 @@ from test_decode_sampling import NEW, chi_square_p, exact_joint, make_target
 def use_costs(monkeypatch, cost):
     """Replace the timed verify passes by cost(rows, k), so the rule's choice is known in advance."""
     def measured(target, max_rows, max_proposals):
-        return {(rows, k): cost(rows, k) for rows in width_module.row_counts(max_rows)
-                for k in width_module.proposal_counts(max_proposals)}
-    monkeypatch.setattr(width_module, "measured_row_cost", measured)
+        return {(rows, k): cost(rows, k) for rows in cost_module.row_points(max_rows)
+                for k in cost_module.k_points(max_proposals)}
+    monkeypatch.setattr(cost_module, "timed_costs", measured)
 
 
 def moderate(rows, k):  # t(0..2) = 1, 1.2, 1.6: with the 1/2 prior, one proposal is worth it, two are not
@@ -134,14 +133,17 @@ def peeking_cut(proposal, k):
     """A broken cut, the mistake the rule must not make: it reads the drafted token and keeps it only when the
     drafter was sure of it, so a kept token no longer follows q."""
     sure = proposal.q_draft is not None and float(proposal.q_draft[0, proposal.tokens[0]]) > 0.3
-    return width_module.cut(proposal, k if sure else 0)
+    return HONEST_CUT(proposal, k if sure else 0)
+
+
+HONEST_CUT = width_module.cut
 
 
 @pytest.mark.parametrize("case", ["dflash", "lookup", "broken"])
 def test_measured_proposals_keep_the_target_distribution(monkeypatch, case):
     use_costs(monkeypatch, moderate)  # two proposals drafted, the first one verified
     if case == "broken":
-        monkeypatch.setattr(loop_module, "cut", peeking_cut)
+        monkeypatch.setattr(width_module, "cut", peeking_cut)
     target = make_target()
     sampling = SamplingConfig(temperature=1.0)
     drafter = LookupDrafter(2) if case == "lookup" else init_drafter(target, num_layers=1, block_size=3)
@@ -156,7 +158,7 @@ def test_measured_proposals_keep_the_target_distribution(monkeypatch, case):
 
 def test_row_verify_cost_and_bad_input(targets, tmp_path):
     target = targets["qwen3"]
-    costs = measure_row_verify_cost(target, 3, [0, 2, 5], repeats=1)
+    costs = cost_module.measure_verify_cost(target, [0, 2, 5], repeats=1, rows=3)
     assert sorted(costs) == [0, 2, 5] and all(seconds > 0 for seconds in costs.values())
     prompt = mixed_prompts()[0]
     for bad in ("fast", 0, -1, 1.5):

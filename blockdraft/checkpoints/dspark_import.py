@@ -25,11 +25,11 @@ from safetensors.torch import load_file
 
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import DFlashDraftModel, check_compatible
-from ..drafters.heads import build_heads
 from ..drafters.markov import VARIANT_ALIASES
 from ..files import check_out_dir
 from ..target import Target, load_target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, head_prefix, load_strict, save_drafter
+from .headed import build_heads
 
 #: DSpark fields that become the DFlash `dflash_config`, the layout flag or the `heads` entry
 DSPARK_HEADS = ("markov", "confidence")  # the heads a released DSpark checkpoint may hold, by key prefix

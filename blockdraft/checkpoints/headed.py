@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Collection
+from typing import Any, Collection, Mapping
 
 import torch
 from safetensors import safe_open
@@ -18,7 +18,8 @@ from ..config import ConfigError
 from ..drafters.base import Drafter
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
-from ..drafters.heads import build_heads
+from ..drafters.confidence import head_from_spec as confidence_from_spec
+from ..drafters.heads import CONFIDENCE_HEAD, SLOT_HEAD_BUILDERS, SLOT_HEADS, SlotHead, slot_head_builder
 from ..drafters.pruning import Pruning
 from ..target import Target, load_target
 from .dflash import WEIGHTS_NAME, head_prefix, load_drafter_model, load_strict, save_drafter
@@ -71,3 +72,24 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torc
     for head in heads:
         head.to(device=target.device, dtype=dtype or target.dtype).eval()
     return HeadedDrafter(backbone, slot_heads, Pruning(confidence=confidence, **pruning), off=off)
+
+
+def build_heads(description: Mapping[str, Any]) -> tuple[list[SlotHead], torch.nn.Module | None]:
+    """Heads from the `heads` entry of `config.json` (the output of their `describe()`):
+    (the slot heads in their saved order, the confidence head or None)."""
+    known = {CONFIDENCE_HEAD, *SLOT_HEAD_BUILDERS, *SLOT_HEADS}
+    unknown = sorted(set(description) - known)
+    if unknown:
+        raise ConfigError(f"config.json describes heads {unknown} that this drafter cannot attach; known heads: "
+                          f"{', '.join(sorted(known))}")
+    confidence = None
+    slot_heads: list[SlotHead] = []
+    try:
+        for name, spec in description.items():
+            if name == CONFIDENCE_HEAD:
+                confidence = confidence_from_spec(spec)
+            else:
+                slot_heads.append(slot_head_builder(name)(spec))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"config.json has a malformed `heads` entry ({err!r}): {dict(description)}") from None
+    return slot_heads, confidence

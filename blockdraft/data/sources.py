@@ -13,20 +13,20 @@ import json
 import sys
 from pathlib import Path
 
+from ..assets import home, path as asset_path
+from ..files import write_text_atomic
+from .prompts import iter_json_array
+
 SOURCES = ("sharegpt", "sharegpt-code")
 
 
 def conversations_file(name: str) -> Path:
     """The JSONL of source `name`, written on first use (atomically)."""
-    from ..assets import path as asset_path
-    from ..files import write_text_atomic
-    from ..runs import blockdraft_home
-    from .prompts import iter_json_array
-    from .regen import training_prompts
+    from .regen import training_prompts  # defers torch until a source is first written
 
     if name not in SOURCES:
         raise ValueError(f"unknown conversation source {name!r}; known: {SOURCES}")
-    out = blockdraft_home() / "conversations" / f"{name}.jsonl"
+    out = home() / "conversations" / f"{name}.jsonl"
     if out.exists():
         return out
     keep = {prompt.id for prompt in training_prompts(name)}  # deduplicated, filtered, benchmark overlaps dropped

@@ -1,12 +1,12 @@
-"""One speculative decoding loop for every drafter, baseline and batch size: propose -> verify -> commit -> crop.
+"""One speculative decoding loop for every drafter, baseline and batch size.
 
-Each round every row's drafter proposes a chain or a tree; the target verifies each row's anchor plus
-its proposals in one pass; each row commits its accepted prefix (a tree: its accepted path) plus one
-target token (correction or bonus); the target cache is cropped (a tree: compacted) to what was
-committed, never re-run; each drafter is told its row's new length together with the target features
-of the positions that just entered the cache. Decoding one prompt is this loop with one row
-(`speculative_generate`); `batch_generate` runs several, and rows that finish leave the batch while
-waiting prompts join it (continuous batching). The rows' cache lives in `rows.py`.
+Every round is a batch of trees: join -> propose -> verify -> accept -> commit -> keep. Waiting
+prompts join the rows decoding (continuous batching; one prompt is one row); every row's drafter
+proposes a tree (a chain is a tree whose parents are a chain); the target verifies every row's
+[anchor, nodes] in one pass (`cache.py`); `accept` (`accept.py`) gives each row the path the target
+accepts and the token after it; each row commits that path plus the token (a stop token or the
+budget may cut it) and its drafter gets the target features of the positions just committed; the
+cache keeps each row's committed path, never re-running the target, and finished rows leave.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from ..config import ConfigError, SamplingConfig
 from ..drafters.base import Drafter, NoDrafter, Proposal
 from ..target import Target
 from ..timing import synchronize
+from .accept import accept
+from .cache import TargetCache
+from .rows import batch_drafter
 from .sampling import choose
-from .rows import RowCache, batch_drafter
-from .tree import depths as tree_depths, verify_tree
-from .width import CostAwareWidth, cut
-from .verify import verify
+from .tree import depths as tree_depths
+from .width import CostAwareWidth
 
 
 @dataclass
@@ -85,8 +86,9 @@ def _check_request(target: Target, prompt_ids: torch.Tensor, max_new_tokens: int
         raise ConfigError(f"prompt token ids must lie in [0, {target.vocab_size})")
 
 
-def check_depth(draft_tokens: torch.Tensor, parents: torch.Tensor | None, budget: int) -> None:
-    deepest = max(tree_depths(parents)) if parents is not None else draft_tokens.shape[0]
+def check_depth(proposal: Proposal, budget: int) -> None:
+    parents = proposal.tree_parents()
+    deepest = max(tree_depths(parents)) if parents is not None else proposal.tokens.shape[0]
     if deepest > budget:
         raise ConfigError(f"the drafter proposed tokens {deepest} positions deep; this round allows at most "
                           f"{budget} (drafters must respect num_proposals)")
@@ -140,6 +142,62 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
                   max_batch=max_batch)
 
 
+def _check_run(target: Target, drafter: Drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int,
+               seeds: Sequence[int | None], num_proposals: int | str | None, max_batch: int | None) -> int:
+    """Refuse a malformed run; returns the most tokens a row may propose per round."""
+    if len(prompts) == 0:
+        raise ConfigError("no prompts: give at least one")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
+                          f"prompt at once), got {max_batch!r}")
+    measured = num_proposals == "measured"
+    if not measured and num_proposals is not None and (isinstance(num_proposals, str) or num_proposals < 0):
+        raise ConfigError(f"num_proposals must be >= 0, None or 'measured', got {num_proposals!r}")
+    proposals = (drafter.max_proposals if num_proposals is None or measured
+                 else min(num_proposals, drafter.max_proposals))
+    for prompt in prompts:
+        _check_request(target, prompt, max_new_tokens, proposals)
+    if len(prompts) > 1:
+        target.check_batchable()
+    if len(seeds) != len(prompts):
+        raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
+    return proposals
+
+
+class _Requests:
+    """Each prompt's committed sequence (its last entry the anchor, not yet run through the target), its
+    result and its generator; `commit` appends a round's tokens, cut at a stop token or the budget."""
+
+    def __init__(self, prompts: list[torch.Tensor], max_new_tokens: int, room: int, seeds, stops: set[int]):
+        device = prompts[0].device
+        self.ids = [torch.empty((1, p.shape[1] + max_new_tokens + room + 1), dtype=torch.long, device=device)
+                    for p in prompts]
+        for ids, prompt in zip(self.ids, prompts):
+            ids[:, :prompt.shape[1]] = prompt
+        self.lengths = [p.shape[1] for p in prompts]
+        self.results = [GenerationResult(tokens=[], prompt_length=p.shape[1]) for p in prompts]
+        self.generators = [None if s is None else torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.max_new_tokens, self.stops = max_new_tokens, stops
+
+    def committed(self, row: int) -> torch.Tensor:
+        return self.ids[row][:, :self.lengths[row]]
+
+    def commit(self, row: int, tokens: list[int]) -> int:
+        result = self.results[row]
+        tokens, stopped = cut_at_stop(tokens, self.stops, self.max_new_tokens - len(result.tokens))
+        start, ids = self.lengths[row], self.ids[row]
+        ids[0, start:start + len(tokens)] = torch.tensor(tokens, device=ids.device)
+        self.lengths[row] += len(tokens)
+        result.tokens.extend(tokens)
+        if stopped:
+            result.stop_reason = "stop_token"
+        return len(tokens)
+
+    def finished(self, row: int) -> bool:
+        result = self.results[row]
+        return result.stop_reason == "stop_token" or len(result.tokens) >= self.max_new_tokens
+
+
 @torch.inference_mode()
 def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *, max_new_tokens: int,
            sampling: SamplingConfig, stop_token_ids: Iterable[int], seeds: Sequence[int | None],
@@ -147,41 +205,17 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
     """The loop itself; `seeds[r]` seeds prompt r's generator (None: the global one). `num_proposals`: the
     most tokens a row proposes per round (None: the drafter's maximum; "measured": chosen each round by
     cost, `width.py`)."""
-    if len(prompts) == 0:
-        raise ConfigError("no prompts: give at least one")
-    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
-        raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
-                          f"prompt at once), got {max_batch!r}")
     drafter = drafter if drafter is not None else NoDrafter()
-    measured = num_proposals == "measured"
-    if not measured and num_proposals is not None and (isinstance(num_proposals, str) or num_proposals < 0):
-        raise ConfigError(f"num_proposals must be >= 0, None or 'measured', got {num_proposals!r}")
-    proposals = (drafter.max_proposals if num_proposals is None or measured
-                 else min(num_proposals, drafter.max_proposals))
+    proposals = _check_run(target, drafter, prompts, max_new_tokens, seeds, num_proposals, max_batch)
     device = target.device
     prompts = [p.to(device) for p in prompts]
-    for prompt in prompts:
-        _check_request(target, prompt, max_new_tokens, proposals)
-    if len(prompts) > 1:
-        target.check_batchable()
-    if len(seeds) != len(prompts):
-        raise ConfigError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
-    generators = [None if seed is None else torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     slots = len(prompts) if max_batch is None else min(max_batch, len(prompts))
-    cost_rule = CostAwareWidth(target, proposals, slots) if measured and proposals > 0 else None
+    width_rule = CostAwareWidth(target, proposals, slots) if num_proposals == "measured" and proposals else None
     drafters = batch_drafter(drafter, len(prompts))
-    stops = set(int(t) for t in stop_token_ids)
-    cache = RowCache(target, drafter.target_layer_ids)
-    ids = [torch.empty((1, p.shape[1] + max_new_tokens + proposals + 1), dtype=torch.long, device=device)
-           for p in prompts]  # each row's committed sequence; its last entry is the anchor
-    results = [GenerationResult(tokens=[], prompt_length=p.shape[1]) for p in prompts]
-    lengths = [p.shape[1] for p in prompts]
+    requests = _Requests(prompts, max_new_tokens, proposals, seeds, set(int(t) for t in stop_token_ids))
+    results, cache = requests.results, TargetCache(target, drafter.target_layer_ids)
     waiting = list(range(len(prompts)))  # prompts not started, in order
     t_decode, round_number = None, 0
-
-    def finished(row: int) -> bool:
-        return results[row].stop_reason == "stop_token" or len(results[row].tokens) >= max_new_tokens
-
     while cache.rows or waiting:
         # join: the next waiting prompts fill the free slots (prefilled together, then appended as rows);
         # a row done at its first token leaves at once and frees its slot again
@@ -193,82 +227,53 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
             logits, features = cache.prefill(joining, [prompts[row] for row in joining])
             drafters.join(joining, [prompts[row] for row in joining], features)
             for index, row in enumerate(joining):
-                first, _ = choose(logits[index], sampling, generators[row])
-                ids[row][:, :lengths[row]] = prompts[row]
-                ids[row][0, lengths[row]] = first
-                lengths[row] += 1
-                results[row].tokens.append(int(first))
-                if int(first) in stops:
-                    results[row].stop_reason = "stop_token"
+                first, _ = choose(logits[index], sampling, requests.generators[row])
+                requests.commit(row, [int(first)])
             synchronize(device)
             for row in joining:
                 results[row].prefill_s = time.perf_counter() - t_prefill
-            cache.drop([row for row in cache.rows if not finished(row)], [lengths[row] - 1 for row in cache.rows])
-        if t_decode is None:
-            t_decode = time.perf_counter()
+            cache.drop([row for row in cache.rows if not requests.finished(row)],
+                       [requests.lengths[row] - 1 for row in cache.rows])
+        t_decode = time.perf_counter() if t_decode is None else t_decode
         if not cache.rows:
             break
-        active = cache.rows
-        t_round = time.perf_counter()
-        # propose: every row's drafts, each on its row's own committed text (one drafter pass for DFlash)
+        active, t_round = cache.rows, time.perf_counter()
+        # propose: every row's tree, each on its row's own committed text (one drafter pass for DFlash)
         budgets = [min(proposals, max_new_tokens - len(results[row].tokens) - 1) for row in active]
-        row_proposals = drafters.propose(active, [ids[row][:, :lengths[row]] for row in active], budgets, sampling,
-                                         [generators[row] for row in active])
-        trees = [proposal.tree_parents() for proposal in row_proposals]
-        for proposal, parents, budget in zip(row_proposals, trees, budgets):
-            check_depth(proposal.tokens, parents, budget)
-        if cost_rule is not None:  # every chain cut to the round's cost-aware length
-            chosen = cost_rule.width([p.tokens.shape[0] for p, parents in zip(row_proposals, trees) if parents is None])
-            row_proposals = [cut(p, chosen) if parents is None else p for p, parents in zip(row_proposals, trees)]
-        # verify: every row's [anchor, drafts] in one target pass
+        row_proposals = drafters.propose(active, [requests.committed(row) for row in active], budgets, sampling,
+                                         [requests.generators[row] for row in active])
+        for proposal, budget in zip(row_proposals, budgets):
+            check_depth(proposal, budget)
+        if width_rule is not None:  # every chain cut to the round's cost-aware length
+            row_proposals = width_rule.cut_round(row_proposals)
+        # verify: every row's [anchor, nodes] in one target pass
         synchronize(device)
         t_verify = time.perf_counter()
         draft_s = (t_verify - t_round) / len(active)  # the rows share the drafting time equally
-        starts = [lengths[row] - 1 for row in active]
-        out = cache.verify([ids[row][:, start:start + 1] for row, start in zip(active, starts)], starts,
+        starts = [requests.lengths[row] - 1 for row in active]
+        out = cache.verify([requests.ids[row][:, start:start + 1] for row, start in zip(active, starts)], starts,
                            row_proposals)
         synchronize(device)
         verify_s = time.perf_counter() - t_verify
-        # commit: each row with the lossless rule of its proposal's shape; finished rows leave
+        # accept and commit: each row's accepted path plus the target's next token; finished rows leave
         kept, paths, still = [], [], []
-        for index, (row, proposal, parents) in enumerate(zip(active, row_proposals, trees)):
-            result, draft_tokens = results[row], proposal.tokens
-            k = draft_tokens.shape[0]
-            if parents is None:  # a chain: min(1, p/q) acceptance (greedy: argmax match)
-                accepted, next_token = verify(out.logits[index, :k + 1], draft_tokens, proposal.q_draft, sampling,
-                                              generators[row])
-                path = list(range(accepted))
-                if cost_rule is not None:
-                    cost_rule.observe(k, accepted)
-            else:  # a tree: walk the target's own choices through it
-                path, next_token = verify_tree(out.logits[index], draft_tokens, parents, sampling, generators[row])
-                accepted = len(path)
-            new_tokens, stopped = cut_at_stop(draft_tokens[path].tolist() + [next_token], stops,
-                                              max_new_tokens - len(result.tokens))
-            count = len(new_tokens)
-            ids[row][0, lengths[row]:lengths[row] + count] = torch.tensor(new_tokens, device=device)
-            result.tokens.extend(new_tokens)
-            lengths[row] += count
+        for index, (row, proposal) in enumerate(zip(active, row_proposals)):
+            path, next_token = accept(out.logits[index], proposal, sampling, requests.generators[row])
+            count = requests.commit(row, proposal.tokens[path].tolist() + [next_token])
             kept.append(count)
-            paths.append(None if parents is None else path)
-            if stopped:
-                result.stop_reason = "stop_token"
-            if finished(row):
-                result.decode_s = time.perf_counter() - t_decode
+            paths.append(path)
+            if requests.finished(row):
+                results[row].decode_s = time.perf_counter() - t_decode
             else:
                 still.append(row)
-                features = None
-                if out.features is not None:  # the anchor and the accepted nodes: the positions just committed
-                    features = (out.features[index:index + 1, :count] if parents is None else
-                                out.features[index:index + 1, [0] + [node + 1 for node in path[:count - 1]]])
-                drafters.commit(row, lengths[row], features)
-            result.rounds.append(RoundRecord(
-                proposed=k, accepted=accepted, emitted=count, draft_s=draft_s, verify_s=verify_s, round_s=0.0,
-                draft_tokens=draft_tokens.tolist(), draft_parents=None if parents is None else parents.tolist(),
-                accepted_sources=proposal.source_names(path[:count]),
-                q_proposed=_token_probs(proposal) if record_q else None,
-                batch_round=round_number if len(prompts) > 1 else None))
-        # crop: each row keeps its past plus the `count` slots it committed; the cache shrinks to the longest
+                committed = [0] + [node + 1 for node in path[:count - 1]]  # the anchor and accepted nodes' slots
+                drafters.commit(row, requests.lengths[row],
+                                None if out.features is None else out.features[index:index + 1, committed])
+            results[row].rounds.append(_record(proposal, path, count, draft_s, verify_s, record_q,
+                                               round_number if len(prompts) > 1 else None))
+        if width_rule is not None:
+            width_rule.observe_round(row_proposals, paths)
+        # keep: each row its past plus the slots it committed; the cache shrinks to the longest
         cache.keep(still, starts, kept, paths, out.logits.shape[1])
         synchronize(device)
         round_s = time.perf_counter() - t_round
@@ -276,3 +281,13 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
             results[row].rounds[-1].round_s = round_s
         round_number += 1
     return results
+
+
+def _record(proposal: Proposal, path: list[int], count: int, draft_s: float, verify_s: float, record_q: bool,
+            batch_round: int | None) -> RoundRecord:
+    parents = proposal.tree_parents()
+    return RoundRecord(proposed=proposal.tokens.shape[0], accepted=len(path), emitted=count, draft_s=draft_s,
+                       verify_s=verify_s, round_s=0.0, draft_tokens=proposal.tokens.tolist(),
+                       draft_parents=None if parents is None else parents.tolist(),
+                       accepted_sources=proposal.source_names(path[:count]),
+                       q_proposed=_token_probs(proposal) if record_q else None, batch_round=batch_round)

@@ -57,17 +57,6 @@ def depths(parents: torch.Tensor) -> list[int]:
     return out
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """(n+1, n+1) bool over [anchor, nodes]: row r sees column c iff c is r or an ancestor of r."""
-    n = parents.shape[0]
-    visible = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    visible[0, 0] = True
-    for node, parent in enumerate(parents.tolist()):
-        visible[node + 1] = visible[parent + 1]
-        visible[node + 1, node + 1] = True
-    return visible
-
-
 def children_by_token(tokens: torch.Tensor, parents: torch.Tensor) -> list[dict[int, int]]:
     """For each row of [anchor, nodes], a map token -> child node index."""
     children: list[dict[int, int]] = [{} for _ in range(tokens.shape[0] + 1)]

@@ -13,7 +13,7 @@ the numerator the expected committed tokens of the round (the DSpark notebook's 
 sum, as the cost-aware pruning of `drafters/pruning.py` uses per row), with n_r the tokens row r
 proposed (lookup proposes nothing without a match), a_j the chance that slot j is accepted when the
 slots before it were, counted over this run's earlier rounds, and t_R(k) a verify pass over R rows of
-k + 1 tokens timed on this machine once per target (`measured_row_cost`). The counts are shrunk with
+k + 1 tokens timed on this machine once per target (`cost.py::VerifyCost`; the rule is `cost.py`'s). The counts are shrunk with
 `PRIOR_ROUNDS` pseudo-rounds toward a prior: 1/2 for slot 1, and for each deeper slot the estimate of
 the slot before it. A slot the rule has never verified thus looks like the deepest one it has: a flat
 prior of 1/2 would lock the rule into its first short cuts (lookup's continuations, accepted whole or
@@ -31,42 +31,17 @@ does not model).
 
 from __future__ import annotations
 
-import weakref
 from typing import Sequence
 
 import numpy as np
-import torch
 
+from ..cost import VerifyCost, best_prefix
 from ..drafters.base import Proposal
 from ..target import Target
 from .tree import is_chain
 
 PROBE_EVERY = 8
 PRIOR_ROUNDS = 2.0  # pseudo-rounds of the prior on each slot's acceptance
-_ROW_COSTS: "weakref.WeakKeyDictionary[Target, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
-
-
-def row_counts(max_rows: int) -> list[int]:
-    """The row counts timed for a run of at most `max_rows` rows (others are interpolated)."""
-    return sorted({1, 2, 4, 8, 16, max_rows} & set(range(1, max_rows + 1)))
-
-
-def proposal_counts(max_proposals: int) -> list[int]:
-    return sorted({0, 1, 2, 3, 5, 8, 12, 16, max_proposals} & set(range(max_proposals + 1)))
-
-
-def measured_row_cost(target: Target, max_rows: int, max_proposals: int) -> dict[tuple[int, int], float]:
-    """{(rows, k): seconds} of a verify pass over `rows` rows of k + 1 tokens, timed once per target."""
-    from ..eval.verify_cost import measure_row_verify_cost
-
-    costs = _ROW_COSTS.setdefault(target, {})
-    ks = proposal_counts(max_proposals)
-    for rows in row_counts(max_rows):
-        missing = [k for k in ks if (rows, k) not in costs]
-        if missing:
-            for k, seconds in measure_row_verify_cost(target, rows, missing).items():
-                costs[rows, k] = seconds
-    return costs
 
 
 class CostAwareWidth:
@@ -74,18 +49,14 @@ class CostAwareWidth:
 
     def __init__(self, target: Target, max_proposals: int, max_rows: int):
         self.max_proposals = max_proposals
-        costs = measured_row_cost(target, max_rows, max_proposals)
-        self.rows_timed = row_counts(max_rows)
-        self.ks_timed = proposal_counts(max_proposals)
-        self.table = np.array([[costs[rows, k] for k in self.ks_timed] for rows in self.rows_timed])
+        self.verify_cost = VerifyCost.measured(target, max_rows, max_proposals)
         self.reached = np.zeros(max(1, max_proposals))
         self.accepted = np.zeros(max(1, max_proposals))
         self.idle_rounds = 0
 
     def cost(self, rows: int) -> np.ndarray:
         """t_R(k) for k = 0..max_proposals: linear between the timed row counts and proposal counts."""
-        per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
-        return np.interp(np.arange(self.max_proposals + 1), self.ks_timed, per_k)
+        return self.verify_cost.curve(rows)
 
     def acceptance(self) -> np.ndarray:
         """a_j for j = 1..K: accepted / verified with the slots before it accepted, shrunk toward a_{j-1}
@@ -102,13 +73,24 @@ class CostAwareWidth:
             return 0
         survive = np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance()[:longest]))])  # (longest+1,)
         expected = np.array([sum(1.0 + survive[min(k, n)] for n in lengths) for k in range(longest + 1)])
-        rates = expected / self.cost(len(lengths))[:longest + 1]
-        best = int(np.argmax(rates))  # ties go to the shorter round
+        best = best_prefix(expected, self.cost(len(lengths))[:longest + 1])
         if best == 0:
             self.idle_rounds += 1
             if self.idle_rounds % PROBE_EVERY == 0:
                 best = 1
         return best
+
+    def cut_round(self, proposals: list[Proposal]) -> list[Proposal]:
+        """Every chain of the round cut to k* for the chains' lengths (trees are never cut)."""
+        chains = [p.tokens.shape[0] for p in proposals if p.tree_parents() is None]
+        chosen = self.width(chains)
+        return [cut(p, chosen) if p.tree_parents() is None else p for p in proposals]
+
+    def observe_round(self, proposals: list[Proposal], paths: list[list[int]]) -> None:
+        """The round's verified chains and their accepted paths (trees teach the chain rule nothing)."""
+        for proposal, path in zip(proposals, paths):
+            if proposal.tree_parents() is None:
+                self.observe(proposal.tokens.shape[0], len(path))
 
     def observe(self, proposed: int, accepted: int) -> None:
         """A verified chain of `proposed` tokens of which the first `accepted` were accepted."""

@@ -42,10 +42,12 @@ class Proposal:
         as one chain included, so it goes through exactly the chain path)."""
         if self.parents is None:
             return None
-        from ..decode.tree import check_tree, is_chain
+        if "_tree_parents" not in self.__dict__:  # checked once: the loop, the cache and the records all ask
+            from ..decode.tree import check_tree, is_chain
 
-        check_tree(self.tokens, self.parents)
-        return None if is_chain(self.parents) else self.parents
+            check_tree(self.tokens, self.parents)
+            self.__dict__["_tree_parents"] = None if is_chain(self.parents) else self.parents
+        return self.__dict__["_tree_parents"]
 
     def token_probs(self) -> torch.Tensor | None:
         """(k,) the drafter's probability of each proposed chain token (the q_k of the surrogate S~).

@@ -113,7 +113,8 @@ SLOT_HEADS: dict[str, Callable[[Mapping[str, Any]], SlotHead]] = {}
 
 
 def register_slot_head(name: str, builder: Callable[[Mapping[str, Any]], SlotHead]) -> None:
-    """Make `build_heads` rebuild heads saved under `name` (a head defined outside `SLOT_HEAD_BUILDERS`)."""
+    """Make `checkpoints.headed.build_heads` rebuild heads saved under `name` (a head defined outside
+    `SLOT_HEAD_BUILDERS`)."""
     if name in SLOT_HEAD_BUILDERS or name == CONFIDENCE_HEAD:
         raise ValueError(f"{name!r} is a built-in head name")
     SLOT_HEADS[name] = builder
@@ -137,26 +138,3 @@ def new_slot_head(name: str, context: HeadContext, **options) -> SlotHead:
     if not hasattr(module, "new_head"):
         raise ConfigError(f"the {name} head is not built fresh by the trainer (its module has no new_head)")
     return module.new_head(context, **options)
-
-
-def build_heads(description: Mapping[str, Any]) -> tuple[list[SlotHead], nn.Module | None]:
-    """Heads from the `heads` entry of `config.json` (the output of their `describe()`):
-    (the slot heads in their saved order, the confidence head or None)."""
-    from .confidence import head_from_spec as confidence_from_spec
-
-    known = {CONFIDENCE_HEAD, *SLOT_HEAD_BUILDERS, *SLOT_HEADS}
-    unknown = sorted(set(description) - known)
-    if unknown:
-        raise ConfigError(f"config.json describes heads {unknown} that this drafter cannot attach; known heads: "
-                          f"{', '.join(sorted(known))}")
-    confidence = None
-    slot_heads: list[SlotHead] = []
-    try:
-        for name, spec in description.items():
-            if name == CONFIDENCE_HEAD:
-                confidence = confidence_from_spec(spec)
-            else:
-                slot_heads.append(slot_head_builder(name)(spec))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ConfigError(f"config.json has a malformed `heads` entry ({err!r}): {dict(description)}") from None
-    return slot_heads, confidence

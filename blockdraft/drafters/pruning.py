@@ -3,8 +3,8 @@
 - threshold: the block ends before the first slot with c_k < threshold (at least one proposal);
 - cost-aware: the block grows while expected committed tokens per unit of round time,
       (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k)),
-  still rises, with t_verify(k) the time of a target pass over k + 1 tokens
-  (`blockdraft.eval.verify_cost.measure_verify_cost` measures it).
+  still rises (`blockdraft.cost`, the one cost rule), with t_verify(k) the time of a target pass over
+  k + 1 tokens (`blockdraft.cost.measure_verify_cost` times it).
 Both rules decide on slot k from c_1..c_k alone, so sampled verification stays lossless. c_k is the
 confidence head's (`confidence.py`) when the rule has one, else the peak of the slot's own draft
 distribution, max_v q_k(v).
@@ -15,15 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from .. import acceptance
 from ..config import ConfigError
+from ..cost import best_prefix, one_row_curve
 from .confidence import ConfidenceHead
 from .heads import HeadContext
 
-VerifyCost = Sequence[float] | Mapping[int, float] | Callable[[int], float]
+CostCurve = Sequence[float] | Mapping[int, float] | Callable[[int], float]
 
 
 def cost_aware_length(confidence: torch.Tensor, verify_cost: Callable[[int], float], draft_cost: float) -> int:
@@ -40,26 +40,10 @@ def cost_aware_length(confidence: torch.Tensor, verify_cost: Callable[[int], flo
     costs = torch.tensor([draft_cost + verify_cost(k) for k in range(1, confidence.shape[0] + 1)], dtype=torch.float64)
     if not bool((costs > 0).all()):
         raise ConfigError(f"round costs must be positive, got t_draft + t_verify(k) = {costs.tolist()}")
-    rates = expected / costs
-    falls = (rates[1:] <= rates[:-1]).nonzero()
-    return int(falls[0]) + 1 if falls.numel() else confidence.shape[0]
-
-
-def cost_function(curve: VerifyCost, max_proposals: int) -> Callable[[int], float]:
-    """t_verify(k) from a list indexed by k, a {k: seconds} map (linearly interpolated) or a callable."""
-    if callable(curve):
-        return curve
-    if isinstance(curve, Mapping):
-        if not curve:
-            raise ConfigError("verify_cost is an empty mapping: measure it with measure_verify_cost(target, ks)")
-        ks = sorted(int(k) for k in curve)
-        values = [float(curve[k]) for k in ks]
-        return lambda k: float(np.interp(k, ks, values))
-    values = [float(v) for v in curve]
-    if len(values) < max_proposals + 1:
-        raise ConfigError(f"verify_cost lists {len(values)} costs but a round may verify up to {max_proposals} "
-                          f"proposals: give t_verify(k) for k = 0..{max_proposals}")
-    return lambda k: values[k]
+    for k in range(1, confidence.shape[0]):  # slot k + 1 joins while it raises the rate of every shorter block
+        if best_prefix(expected[:k + 1].tolist(), costs[:k + 1].tolist(), first=1) <= k:
+            return k
+    return confidence.shape[0]
 
 
 @dataclass
@@ -70,7 +54,7 @@ class Pruning:
     peak draft probability."""
 
     threshold: float = 0.0
-    verify_cost: VerifyCost | None = None
+    verify_cost: CostCurve | None = None
     draft_cost: float | None = None
     confidence: ConfidenceHead | None = None
 
@@ -90,7 +74,7 @@ class Pruning:
         """Check the confidence head against the drafter and resolve the cost curve for its block."""
         if self.confidence is not None:
             self.confidence.bind(context, slot_heads)
-        self.cost = cost_function(self.verify_cost, context.max_proposals) if self.verify_cost is not None else None
+        self.cost = one_row_curve(self.verify_cost, context.max_proposals) if self.verify_cost is not None else None
 
     def slot_confidence(self, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor) -> torch.Tensor:
         """c_k () float32 of slot k: prev () target id of x_{k-1}, hidden_k (H,), logits_k (V_draft,)."""

@@ -6,6 +6,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import ConfigError, SamplingConfig
+from ..decode.cache import TargetCache
 from ..decode.sampling import choose
 from ..target import Target, load_target
 from .base import Proposal
@@ -34,8 +35,8 @@ class SmallARDrafter:
         return SmallARDrafter(self.model, self._target, num_proposals=self.max_proposals)
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
-        self.cache = self.model.new_cache()
-        self.model.forward(prompt_ids, 0, self.cache, logits_to_keep=1)
+        self.cache = TargetCache(self.model)  # the draft model's own cache
+        self.model.forward(prompt_ids, 0, self.cache.cache, logits_to_keep=1)
         self.cached_tokens = prompt_ids[0].tolist()
 
     @torch.inference_mode()
@@ -50,12 +51,12 @@ class SmallARDrafter:
                 break
             keep += 1
         if keep < len(self.cached_tokens):
-            Target.crop(self.cache, keep)
+            self.cache.crop(keep)
             del self.cached_tokens[keep:]
         pending = ids[:, keep:]  # committed tokens the draft has not seen, ending with the anchor
         tokens, dists, logits = [], [], []
         for _ in range(min(num_proposals, self.max_proposals)):
-            out = self.model.forward(pending, len(self.cached_tokens), self.cache, logits_to_keep=1)
+            out = self.model.forward(pending, len(self.cached_tokens), self.cache.cache, logits_to_keep=1)
             self.cached_tokens.extend(pending[0].tolist())
             token, probs = choose(out.logits[0, -1], sampling, generator, argmax=sampling.draft_argmax)
             logits.append(out.logits[0, -1])

@@ -20,22 +20,22 @@ source's drafting costs a sizeable share of a target pass (a small AR model on a
 so a greedy round accepts at least as deep as the chain would; on tiny trained drafters it gave the
 same tau as plain DDTree (within noise), so DDTree's own order is the default.
 
-`budget="measured"` picks each round's node count from a verify-cost curve timed on this machine:
-the m best-first nodes are expected to commit 1 + Σ_{i≤m} exp(score_i) tokens (exp(score) being
-the path's probability under the drafter's own marginals), and m maximises that over the round's
-time, t_draft + t_verify(m).
+`budget="measured"` picks each round's node count by the one cost rule (`blockdraft.cost`): the m
+best-first nodes are expected to commit 1 + Σ_{i≤m} exp(score_i) tokens (exp(score) being the
+path's probability under the drafter's own marginals), and m maximises that over the round's time,
+t_draft + t_verify(m), with t_verify timed on this machine (`VerifyCost`).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..config import ConfigError, SamplingConfig
+from ..cost import VerifyCost, best_prefix, one_row_curve
 from ..decode.tree import TreeBuilder, best_first_tree
 from ..target import Target
 from .base import Drafter, Proposal
@@ -43,20 +43,6 @@ from .base import Drafter, Proposal
 MAX_TREE_BUDGET = 256
 MEASURED_MAX_NODES = 64
 _ARGMAX = SamplingConfig(temperature=0.0)
-
-
-_MEASURED: "weakref.WeakKeyDictionary[Target, dict[int, dict[int, float]]]" = weakref.WeakKeyDictionary()
-
-
-def measured_verify_cost(target: Target, max_nodes: int = MEASURED_MAX_NODES) -> dict[int, float]:
-    """Seconds of a verify pass over n + 1 tokens for a few n up to `max_nodes`, timed once per target."""
-    from ..eval.verify_cost import measure_verify_cost
-
-    curves = _MEASURED.setdefault(target, {})
-    if max_nodes not in curves:
-        points = sorted({0, 1, 2, 4, 8, 16, 32, 64, max_nodes} & set(range(max_nodes + 1)))
-        curves[max_nodes] = measure_verify_cost(target, points)
-    return curves[max_nodes]
 
 
 def as_tree(drafter: Drafter, budget: int | str | None, target: Target) -> Drafter:
@@ -107,8 +93,8 @@ class TreeDrafter:
                 if target is None:
                     raise ConfigError("tree budget 'measured' needs the target (to time its verify passes) "
                                       "or a verify_cost curve")
-                verify_cost = measured_verify_cost(target, max_nodes)
-            self.verify_cost = _interpolated(verify_cost)
+                verify_cost = VerifyCost.measured(target, 1, max_nodes)
+            self.verify_cost = one_row_curve(verify_cost, max_nodes)
         self.max_nodes = max_nodes
         self.keep_chain = keep_chain
         self.fallback = fallback
@@ -174,7 +160,7 @@ class TreeDrafter:
             used = len(builder.tokens)
             expected = 1.0 + np.cumsum(np.exp(scores.double().cpu().numpy()))  # (m,) tokens committed
             costs = np.array([draft_s + self.verify_cost(used + m) for m in range(1, len(expected) + 1)])
-            keep = int(np.argmax(expected / costs)) + 1  # every prefix of the order is a tree
+            keep = best_prefix(expected, costs, first=1)  # every prefix of the order is a tree
             tokens, parents = tokens[:keep], parents[:keep]
         builder.add_tree(tokens.tolist(), parents.tolist(), source)
 
@@ -212,13 +198,3 @@ def _proposes(proposal: Proposal) -> bool:
         return proposal.logits.shape[0] > 0
     return proposal.tokens.numel() > 0
 
-
-def _interpolated(curve: dict[int, float] | Callable[[int], float]) -> Callable[[int], float]:
-    """t_verify(n) for n nodes (a pass over n + 1 tokens): linear between the measured points."""
-    if callable(curve):
-        return curve
-    if not curve:
-        raise ConfigError("verify_cost is empty: measure it with measure_verify_cost(target, [0, 1, 2, ...])")
-    ks = sorted(int(k) for k in curve)
-    values = [float(curve[k]) for k in ks]
-    return lambda n: float(np.interp(n, ks, values))

@@ -27,14 +27,14 @@ from typing import Callable
 import numpy as np
 
 from ..config import ConfigError
+from .methods import dflash_options, parse_method
+from .rendering import prompt_sha256, render_chat
 
 BATCH_KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid")
 DRAFTER_OPTIONS = ("markov", "heads", "threshold", "cost")  # they make a headed drafter, which is batch-1 only
 
 
 def check_methods(methods: tuple[str, ...]) -> None:
-    from .methods import dflash_options, parse_method
-
     for text in methods:
         spec = parse_method(text)
         options = dflash_options(spec.arg)[1] if spec.kind == "dflash" else {}
@@ -67,8 +67,6 @@ def pending_batches(prompt_sets: dict, batch_sizes: tuple[int, ...], records: li
 
 def measure_batches(pending: list[tuple], runners: list, tokenizer, config, results: dict, session: dict,
                     save: Callable[[], None], log: Callable[[str], None], deadline: float | None) -> None:
-    from .bench import prompt_sha256, render_chat
-
     warm: set[int] = set()
     last_batch_s = 0.0
     for number, (size, name, index, group) in enumerate(pending, 1):

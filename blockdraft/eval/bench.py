@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -54,11 +53,12 @@ from typing import Any, Callable
 import torch
 
 from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig
-from ..data.chat import chat_ids, has_chat_template
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import default_device, load_target, native_bf16
+from .batch_bench import check_methods, measure_batches, pending_batches
 from .methods import build_runners, close_runners, parse_method, run_or_fail
+from .rendering import prompt_sha256, render_chat
 
 SCHEMA = BENCH_SCHEMA
 DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
@@ -134,8 +134,6 @@ class BenchConfig:
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"--device must be cpu or cuda[:N], got {self.device!r}")
         if self.batch_sizes is not None:
-            from .batch_bench import check_methods
-
             sizes = tuple(int(b) for b in self.batch_sizes)
             if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
                 raise ConfigError(f"--batch-size takes distinct values >= 1, got {list(sizes)}")
@@ -231,10 +229,6 @@ def open_existing(out_dir: Path, config: BenchConfig, overwrite: bool) -> dict |
     return existing
 
 
-def prompt_sha256(prompt: Prompt) -> str:
-    return hashlib.sha256(json.dumps(list(prompt.turns)).encode()).hexdigest()
-
-
 def _check_unchanged(records: list[dict], prompt_sets: dict[str, list[Prompt]]) -> None:
     """Prompt ids are unique and every prompt measured earlier still has the same text."""
     for name, prompts in prompt_sets.items():
@@ -281,16 +275,6 @@ def environment(target, config: BenchConfig) -> dict[str, Any]:
         "chat_template": bool(getattr(target.tokenizer, "chat_template", None)),
         "thinking": "off (enable_thinking=False)",
     }
-
-
-def render_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Chat-template token ids ending with the assistant prompt, thinking disabled.
-
-    A tokenizer without a chat template (a base model) gets the turns as plain text.
-    """
-    if has_chat_template(tokenizer):
-        return chat_ids(tokenizer, messages)
-    return list(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,16 +451,12 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     # the position among all prompts sets the method order, so a resumed run measures as an uninterrupted one
     pending = [(position, name, p) for position, (name, p) in enumerate(every) if (name, p.id) not in done]
     if config.batch_sizes:
-        from .batch_bench import pending_batches
-
         batched = pending_batches(prompt_sets, config.batch_sizes, records)
         pending = [(0, name, prompt) for _, name, _, group in batched for prompt in group]
     if pending:
         target, runners, results, session = _open_session(config, existing, records, pending, out_dir, log)
         try:
             if config.batch_sizes:
-                from .batch_bench import measure_batches
-
                 measure_batches(batched, runners, target.tokenizer, config, results, session,
                                 lambda: write_results(out_dir / RESULTS, results), log, deadline)
             else:

@@ -14,65 +14,11 @@ dtypes measured (the break-even tau against the fastest plain decoding).
 from __future__ import annotations
 
 import gc
-import statistics
-from typing import Sequence
-
-import torch
 
 from ..config import ConfigError
-from ..target import Target, load_target
-from ..timing import timed
+from ..cost import measure_verify_cost
+from ..target import load_target
 
-
-@torch.inference_mode()
-def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, context: int = 64,
-                        seed: int = 0) -> dict[int, float]:
-    """Median seconds of a target forward over k+1 new tokens after `context` cached ones, for each k.
-
-    This is the verify pass of a round with k proposals, timed on the running machine.
-    """
-    if repeats < 1 or not ks or min(ks) < 0:
-        raise ConfigError(f"measure_verify_cost needs repeats >= 1 and ks >= 0, got repeats {repeats}, ks {list(ks)}")
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, target.vocab_size, (1, context + max(ks) + 1), generator=generator).to(target.device)
-    cache = target.new_cache()
-    target.forward(ids[:, :context], 0, cache, logits_to_keep=1)
-    timings: dict[int, list[float]] = {k: [] for k in ks}
-    for repeat in range(repeats + 1):  # the first pass warms up and is not counted
-        for k in ks:
-            seconds = timed(lambda: target.forward(ids[:, context:context + k + 1], context, cache), target.device)
-            if repeat:
-                timings[k].append(seconds)
-            Target.crop(cache, context)
-    return {k: statistics.median(values) for k, values in timings.items()}
-
-
-
-@torch.inference_mode()
-def measure_row_verify_cost(target: Target, rows: int, ks: Sequence[int], repeats: int = 3, *, context: int = 64,
-                            seed: int = 0) -> dict[int, float]:
-    """Median seconds of a verify pass over `rows` rows of k+1 new tokens each, after `context` cached tokens
-    per row, for each k: the round of batched decoding with k proposals (one row: `measure_verify_cost`)."""
-    if rows == 1:
-        return measure_verify_cost(target, ks, repeats, context=context, seed=seed)
-    if repeats < 1 or not ks or min(ks) < 0:
-        raise ConfigError(f"measure_row_verify_cost needs repeats >= 1 and ks >= 0, got repeats {repeats}, "
-                          f"ks {list(ks)}")
-    target.check_batchable()
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, target.vocab_size, (rows, context + max(ks) + 1), generator=generator).to(target.device)
-    starts = torch.full((rows,), context, device=target.device)
-    cache = target.new_cache()
-    target.forward_rows(ids[:, :context], torch.zeros_like(starts), cache, logits_to_keep=1)
-    timings: dict[int, list[float]] = {k: [] for k in ks}
-    for repeat in range(repeats + 1):  # the first pass warms up and is not counted
-        for k in ks:
-            seconds = timed(lambda: target.forward_rows(ids[:, context:context + k + 1], starts, cache),
-                            target.device)
-            if repeat:
-                timings[k].append(seconds)
-            Target.crop(cache, context)  # every row has the same length, so a common crop is each row's
-    return {k: statistics.median(values) for k, values in timings.items()}
 
 def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 8, 16), repeats: int = 3,
                       context: int = 64, device: str | None = None) -> list[dict]:

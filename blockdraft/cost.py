@@ -1,0 +1,131 @@
+"""One cost rule: how much to verify, chosen by expected committed tokens per second of round time.
+
+A round that verifies the first k drafted tokens (a chain's first k, or a tree's first k nodes in an
+order whose every prefix is a tree) commits in expectation
+
+    E_k = 1 + sum_{i <= k} P(drafted token i is accepted)
+
+tokens (the accepted drafts plus the target's correction or bonus) and costs t_draft + t_R(k): the
+drafting plus one verify pass over R rows of k + 1 tokens. The rule keeps the k with the highest
+E_k / cost (`best_prefix`; ties go to the shorter). Three choices read it, each with its own P:
+- confidence pruning of a headed block (`drafters/pruning.py`): P = c_1 ... c_i, the confidence
+  head's per-slot acceptance (the expected-acceptance sum of DSpark);
+- the measured tree budget (`drafters/tree.py`): P of the i-th best-first node = exp(its path score)
+  under the drafter's own marginals (DDTree, Ringel and Romano 2026);
+- the measured width of a round of chains (`decode/width.py`): P from acceptance counted over the run.
+Each reads only what is known before the tokens it keeps are checked, so each stays lossless.
+
+`VerifyCost` is t_R(k), timed on this machine once per target at a few row counts and pass lengths
+(`timed_costs`, kept while the target lives) and interpolated linearly between them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import weakref
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .config import ConfigError
+from .decode.cache import TargetCache
+from .target import Target
+from .timing import timed
+
+_TIMED: "weakref.WeakKeyDictionary[Target, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
+
+
+def best_prefix(expected_cumulative: Sequence[float], costs: Sequence[float], first: int = 0) -> int:
+    """The k with the most expected tokens per second: expected_cumulative[i] and costs[i] belong to the
+    prefix of `first + i` tokens; ties go to the shorter prefix."""
+    rates = np.asarray(expected_cumulative, dtype=np.float64) / np.asarray(costs, dtype=np.float64)
+    return first + int(np.argmax(rates))
+
+
+def row_points(max_rows: int) -> list[int]:
+    """The row counts timed for a run of at most `max_rows` rows (others are interpolated)."""
+    return sorted({1, 2, 4, 8, 16, max_rows} & set(range(1, max_rows + 1)))
+
+
+def k_points(max_k: int) -> list[int]:
+    """The proposal counts k timed (a pass over k + 1 tokens) up to `max_k` (others are interpolated)."""
+    return sorted({0, 1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
+
+
+@torch.inference_mode()
+def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, rows: int = 1, context: int = 64,
+                        seed: int = 0) -> dict[int, float]:
+    """Median seconds of a verify pass over `rows` rows of k + 1 new tokens each after `context` cached
+    tokens per row, for each k: the round of k proposals, timed on the running machine."""
+    if repeats < 1 or not ks or min(ks) < 0 or rows < 1:
+        raise ConfigError(f"measure_verify_cost needs repeats >= 1, ks >= 0 and rows >= 1, got repeats {repeats}, "
+                          f"ks {list(ks)}, rows {rows}")
+    if rows > 1:
+        target.check_batchable()
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (rows, context + max(ks) + 1), generator=generator).to(target.device)
+    starts = torch.full((rows,), context, device=target.device)
+    cache = TargetCache(target)
+    target.verify(ids[:, :context], torch.zeros_like(starts), cache.cache, logits_to_keep=1)
+    timings: dict[int, list[float]] = {k: [] for k in ks}
+    for repeat in range(repeats + 1):  # the first pass warms up and is not counted
+        for k in ks:
+            seconds = timed(lambda: target.verify(ids[:, context:context + k + 1], starts, cache.cache),
+                            target.device)
+            if repeat:
+                timings[k].append(seconds)
+            cache.crop(context)  # every row has the same length, so a common crop is each row's
+    return {k: statistics.median(values) for k, values in timings.items()}
+
+
+def timed_costs(target: Target, max_rows: int, max_k: int) -> dict[tuple[int, int], float]:
+    """{(rows, k): seconds} at `row_points(max_rows)` x `k_points(max_k)`, each point timed once per target."""
+    table = _TIMED.setdefault(target, {})
+    for rows in row_points(max_rows):
+        missing = [k for k in k_points(max_k) if (rows, k) not in table]
+        if missing:
+            for k, seconds in measure_verify_cost(target, missing, repeats=3, rows=rows).items():
+                table[rows, k] = seconds
+    return table
+
+
+class VerifyCost:
+    """t_R(k): seconds of a verify pass over R rows of k + 1 tokens, linear between the timed points."""
+
+    def __init__(self, table: Mapping[tuple[int, int], float], max_rows: int, max_k: int):
+        self.max_k = max_k
+        self.rows_timed, self.ks_timed = row_points(max_rows), k_points(max_k)
+        self.table = np.array([[table[rows, k] for k in self.ks_timed] for rows in self.rows_timed])  # (rows, ks)
+
+    @classmethod
+    def measured(cls, target: Target, max_rows: int, max_k: int) -> "VerifyCost":
+        return cls(timed_costs(target, max_rows, max_k), max_rows, max_k)
+
+    def curve(self, rows: int = 1) -> np.ndarray:
+        """t_rows(k) for k = 0..max_k."""
+        per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
+        return np.interp(np.arange(self.max_k + 1), self.ks_timed, per_k)
+
+    def __call__(self, k: float, rows: int = 1) -> float:
+        per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
+        return float(np.interp(k, self.ks_timed, per_k))
+
+
+def one_row_curve(curve: Sequence[float] | Mapping[int, float] | Callable[[int], float],
+                  max_k: int) -> Callable[[int], float]:
+    """A one-row t(k) given by hand: a list indexed by k, a {k: seconds} map (linear between its points) or
+    a callable (a `VerifyCost` included)."""
+    if callable(curve):
+        return curve
+    if isinstance(curve, Mapping):
+        if not curve:
+            raise ConfigError("verify_cost is an empty mapping: measure it with measure_verify_cost(target, ks)")
+        ks = sorted(int(k) for k in curve)
+        values = [float(curve[k]) for k in ks]
+        return lambda k: float(np.interp(k, ks, values))
+    values = [float(v) for v in curve]
+    if len(values) < max_k + 1:
+        raise ConfigError(f"verify_cost lists {len(values)} costs but a round may verify up to {max_k} "
+                          f"proposals: give t_verify(k) for k = 0..{max_k}")
+    return lambda k: values[k]
