@@ -18,7 +18,7 @@ def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
         json.dumps({"id": str(i), "prompt": f"w{i} w{i + 1} w{i + 2}"}) + "\n" for i in range(20)))
     (tmp_path / "he.jsonl").write_text("".join(
         json.dumps({"task_id": f"t/{i}", "prompt": f"{words[:20 + i]}"}) + "\n" for i in range(3)))
-    report = run_quickstart(tmp_path / "qs", budget=1.0, target=str(model), draft_model=str(model),
+    report = run_quickstart(tmp_path / "qs", budget=5.0, target=str(model), draft_model=str(model),
                             train_prompts=str(tmp_path / "train.jsonl"), dataset=f"humaneval={tmp_path / 'he.jsonl'}",
                             threads=1, fetch=False)
     assert report.exists()
@@ -52,7 +52,7 @@ def test_quickstart_learns_from_existing_answers_without_regenerating(tmp_path):
     words = " ".join(f"w{i}" for i in range(40))
     (tmp_path / "he.jsonl").write_text("".join(
         json.dumps({"task_id": f"t/{i}", "prompt": f"{words[:20 + i]}"}) + "\n" for i in range(2)))
-    run_quickstart(tmp_path / "qs", budget=1.0, target=str(model), draft_model=str(model),
+    run_quickstart(tmp_path / "qs", budget=5.0, target=str(model), draft_model=str(model),
                    train_prompts=str(tmp_path / "conversations.jsonl"), dataset=f"humaneval={tmp_path / 'he.jsonl'}",
                    threads=1, fetch=False)
     out = tmp_path / "qs"
