@@ -306,13 +306,16 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     steps = _trained_steps(train_dir)
     cached = _cached_sequences(train_dir / "features")
 
+    # The benchmark is the last long stage: it gets its share and whatever the earlier stages left unused,
+    # less the separate check (bf16 only) and half a minute for the summary.
+    bench_deadline = max(time.monotonic() + bench_share(speed.dtype) * left,
+                         started + budget * 60 - (0.0 if speed.dtype == "fp32" else CHECK_SHARE * left) - 30)
     _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {plan.bench_tokens} new tokens, "
-           f"{speed.dtype}, {bench_share(speed.dtype) * left / 60:.1f} min)", started)
+           f"{speed.dtype}, {(bench_deadline - time.monotonic()) / 60:.1f} min)", started)
     bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
                         max_new_tokens=plan.bench_tokens, dtype="auto", threads=threads)
     # Hard: on a slow machine even the first prompt's runs stop at the share, the methods left out.
-    results = run_bench(bench, out / "bench", deadline=time.monotonic() + bench_share(speed.dtype) * left,
-                        hard_deadline=True)
+    results = run_bench(bench, out / "bench", deadline=bench_deadline, hard_deadline=True)
     stage_done("benchmark")
 
     # What is left of the budget, less a minute for the report, bounds the separate check (bf16 runs only).
