@@ -1,7 +1,7 @@
 """Opt-in: the same drafter on the same weights drafts the same in llama.cpp as in our loop.
 
-Runs when a verified llama.cpp build is found (`blockdraft engines build llama.cpp`) and the
-qwen2.5-coder-0.5b-instruct asset is fetched: llama.cpp's converter checks the pre-tokenizer by hash and
+Runs with `pytest -m real_assets --run-real` when a verified llama.cpp build is found (`blockdraft
+engines build llama.cpp`) and the qwen2.5-coder-0.5b-instruct asset is fetched (about 12 minutes on 2 cores): llama.cpp's converter checks the pre-tokenizer by hash and
 does not know our tiny test tokenizers, so the tiny random target is built on the real Qwen2.5 tokenizer
 (vocabulary 151,936, hidden 64, 2 layers). Target and drafter are converted to F32 GGUFs; both engines
 decode the same prompts greedily for 40 tokens ignoring EOS; tokens must be equal and the mean committed
@@ -23,6 +23,7 @@ from blockdraft.train.quick import quick_fit
 from test_llamacpp import real_tokenizer_target
 
 NEW_TOKENS, BLOCK = 40, 4
+pytestmark = pytest.mark.real_assets  # minutes of conversion and two servers: never in the default suite
 
 
 @pytest.fixture(scope="module")
