@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..assets import home, path as asset_path
+from .. import assets  # looked up at call time, so a test can stand in for a fetched asset
 from ..files import write_text_atomic
 from .prompts import iter_json_array
 
@@ -26,12 +26,12 @@ def conversations_file(name: str) -> Path:
 
     if name not in SOURCES:
         raise ValueError(f"unknown conversation source {name!r}; known: {SOURCES}")
-    out = home() / "conversations" / f"{name}.jsonl"
+    out = assets.home() / "conversations" / f"{name}.jsonl"
     if out.exists():
         return out
     keep = {prompt.id for prompt in training_prompts(name)}  # deduplicated, filtered, benchmark overlaps dropped
     rows, seen = [], set()
-    for index, record in enumerate(iter_json_array(Path(asset_path("sharegpt")).read_text(encoding="utf-8"))):
+    for index, record in enumerate(iter_json_array(Path(assets.path("sharegpt")).read_text(encoding="utf-8"))):
         record_id = str(record.get("id", index)) if isinstance(record, dict) else None
         if record_id in keep and record_id not in seen:
             seen.add(record_id)
