@@ -281,24 +281,8 @@ def sampling_case():
     return target, drafter
 
 
-def exact_joint(target, sampling):
-    """P(t1, t2, t3) under plain target sampling, by enumerating every 2-token prefix in one batch."""
-    import itertools
-
-    from blockdraft.decode.sampling import to_probs
-
-    prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=COMPARED - 1)))  # (V^2, 2)
-    batch = torch.cat([PROMPT.expand(len(prefixes), -1), prefixes], dim=1)
-    with torch.no_grad():
-        logits = target.model(batch).logits.float()
-    n = PROMPT.shape[1]
-    probs = [to_probs(logits[:, n - 1 + i], sampling) for i in range(COMPARED)]  # each (V^2, V)
-    joint = {}
-    for row, prefix in enumerate(prefixes.tolist()):
-        head = probs[0][row, prefix[0]] * probs[1][row, prefix[1]]
-        for last in range(VOCAB):
-            joint[(*prefix, last)] = float(head * probs[2][row, last])
-    return joint
+# P(t1, t2, t3) under plain target sampling: the same enumeration as the chain tests (same VOCAB and PROMPT)
+from test_decode_sampling import exact_joint  # noqa: E402
 
 
 def sampled_counts(target, drafter, sampling):
