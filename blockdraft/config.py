@@ -82,17 +82,19 @@ def in_range(value: float, spec: str) -> bool:
     return _COMPARISONS[operator](value, float(bound))
 
 
-def check_ranges(config: Any, specs: Mapping[str, str], *, prefix: str = "") -> None:
+def check_ranges(config: Any, specs: Mapping[str, str], *, prefix: str = "", flags: bool = False) -> None:
     """Each named numeric field lies in its range (`in_range`; None passes: nullable fields mean "the
     default"), so a sign error (`grad_clip=-1` would train by gradient ascent) is refused at construction,
-    not met as a silently wrong run. Run `check_field_types` first: the values are numbers then."""
+    not met as a silently wrong run. Run `check_field_types` first: the values are numbers then. `flags`:
+    name a field as its CLI flag (`max_new_tokens` -> `--max-new-tokens`), for configs whose fields are flags."""
     for name, spec in specs.items():
         value = getattr(config, name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not in_range(value, spec):
             words = f"in {spec}" if _INTERVAL.match(spec) else spec
-            raise ConfigError(f"{prefix}{name} must be {words}, got {value!r}")
+            shown = "--" + name.replace("_", "-") if flags else name
+            raise ConfigError(f"{prefix}{shown} must be {words}, got {value!r}")
 
 
 # Sane bounds for a drafter's sizes: a corrupt config.json must be refused before it builds a million layers

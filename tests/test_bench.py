@@ -190,6 +190,19 @@ def test_config_validation_and_identity():
             BenchConfig(**{"target": "t", "methods": ("ar",), "datasets": ("gsm8k",), **bad})
 
 
+
+def test_config_fields_are_typed_and_in_range():
+    """Every numeric field through the one range table (`config.check_ranges`), named as its flag; a value of
+    the wrong type (an API caller's string, a float count) is a named error, not a comparison traceback."""
+    base = {"target": "t", "methods": ("ar",), "datasets": ("gsm8k",)}
+    for bad, words in ((dict(seed=-1), "--seed"), (dict(n=2.5), "n must be an integer"), (dict(n=0), "--n"),
+                       (dict(threads="2"), "threads must be an integer"), (dict(max_new_tokens=True), "max_new_tokens"),
+                       (dict(record_q="no"), "record_q"), (dict(threads=0), "--threads"),
+                       (dict(block_sizes=(4.5,)), "block_sizes"), (dict(target=3), "target")):
+        with pytest.raises(ConfigError, match=words):
+            BenchConfig(**{**base, **bad})
+    assert BenchConfig(**{**base, "methods": ("small-ar",)}, block_sizes=[4, 8]).block_sizes == (4, 8)
+
 def test_dflash_options_switch_heads_and_prune(assets, tmp_path):
     """`dflash:PATH,markov=off` and `,threshold=T` are runs of one headed checkpoint: lossless in fp32, the
     threshold run proposes one token per round (its confidence head always says 0.5), and the report shows the

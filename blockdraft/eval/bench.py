@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig
+from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_types, check_ranges
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import default_device, load_target, native_bf16
@@ -79,6 +79,11 @@ def parse_dataset(text: str) -> tuple[str, str | None]:
     return name, str(Path(path.strip()).expanduser().resolve()) if sep else None
 
 
+#: the range of every numeric field of BenchConfig (`config.check_ranges`); temperature, top_p and top_k are
+#: SamplingConfig's, the block and batch sizes lists checked below
+RANGES = {"n": ">= 1", "max_new_tokens": ">= 1", "top_k": ">= 0", "threads": ">= 1", "seed": ">= 0"}
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What `blockdraft bench` measures; every field is a CLI flag and is written into results.json."""
@@ -100,6 +105,11 @@ class BenchConfig:
     batch_sizes: tuple[int, ...] | None = None  # requests decoded together (eval/batch_bench.py); None: one at a time
 
     def __post_init__(self) -> None:
+        check_field_types(self)
+        for name in ("block_sizes", "batch_sizes"):  # the CLI's lists, as tuples
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_ranges(self, RANGES, flags=True)
         methods = [parse_method(m).name for m in self.methods]
         if not methods:
             raise ConfigError("give at least one --method")
@@ -115,10 +125,6 @@ class BenchConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"a dataset is listed twice: {names}")
         object.__setattr__(self, "datasets", tuple(n if p is None else f"{n}={p}" for n, p in datasets))
-        if self.n is not None and self.n < 1:
-            raise ConfigError(f"--n must be at least 1, got {self.n}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
         SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # validates them
         if self.block_sizes is not None:
             sizes = tuple(int(b) for b in self.block_sizes)
@@ -129,8 +135,6 @@ class BenchConfig:
             object.__setattr__(self, "block_sizes", sizes)
         if self.dtype not in ("auto", "bf16", "fp32"):
             raise ConfigError(f"--dtype must be auto, bf16 or fp32, got {self.dtype!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be at least 1, got {self.threads}")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"--device must be cpu or cuda[:N], got {self.device!r}")
         if self.batch_sizes is not None:
