@@ -166,7 +166,7 @@ def test_row_verify_cost_and_bad_input(targets, tmp_path):
             blockdraft.generate(target, None, prompt, num_proposals=bad)
         with pytest.raises(ConfigError, match="measured"):
             blockdraft.generate_batch(target, None, [prompt, prompt], num_proposals=bad)
-    with pytest.raises(ConfigError, match="proposals takes measured"):
+    with pytest.raises(ConfigError, match="proposals takes a positive integer or measured"):
         parse_method("lookup,proposals=fast")
     blockdraft.save_drafter(init_drafter(target, num_layers=1, block_size=4).model, tmp_path / "d")
     with pytest.raises(ConfigError, match="--block-size"):

@@ -54,7 +54,7 @@ def parse_layer_ids(text: str | None, flag: str = "--target-layer-ids") -> tuple
 
 def tree_budget_arg(text: str) -> int | str:
     """`--tree N|measured` (argparse type): an error names the flag."""
-    from ..eval.methods import tree_budget
+    from ..drafters.spec import tree_budget
 
     try:
         return tree_budget(text)

@@ -13,57 +13,90 @@ from ..files import read_text
 from .common import set_threads, setup_torch, tree_budget_arg
 
 
-def _load_pair(args: argparse.Namespace, device: torch.device):
-    """Target plus the drafter named by --drafter / --draft-model (None for plain decoding)."""
-    from ..checkpoints import load_drafter
-    from ..drafters.small_ar import SmallARDrafter
-    from ..target import load_target
+SHORTHAND = {"drafter": "--drafter", "draft_model": "--draft-model", "lookup": "--lookup",
+             "lookup_corpus": "--lookup-corpus", "lookup_branches": "--lookup-branches", "tree": "--tree",
+             "fallback": "--fallback"}
 
-    target = load_target(args.target, dtype=args.dtype, device=device)
-    tree = getattr(args, "tree", None)
-    sources, labels = [], []
-    if getattr(args, "lookup", False) or getattr(args, "lookup_corpus", None):
-        from ..drafters.lookup import CorpusIndex, LookupDrafter
 
-        if args.lookup_branches is not None and args.lookup_branches < 1:
-            raise ConfigError(f"--lookup-branches must be >= 1 (distinct continuations per round), got "
-                              f"{args.lookup_branches}")
-        corpus = (CorpusIndex.from_jsonl(args.lookup_corpus, target.tokenizer, vocab_size=target.vocab_size)
-                  if args.lookup_corpus else None)
-        branches = args.lookup_branches if args.lookup_branches is not None else (4 if tree is not None else 1)
-        sources.append(LookupDrafter(_fixed_proposals(args) or 10, min_ngram=getattr(args, "lookup_min_ngram", 1),
-                                     max_ngram=max(3, getattr(args, "lookup_min_ngram", 1)), max_branches=branches,
-                                     corpus=corpus))
-        labels.append("lookup")
-    if args.draft_model:
-        sources.append(SmallARDrafter(args.draft_model, target, num_proposals=_fixed_proposals(args) or 4))
-        labels.append("small-ar")
-    if args.drafter:
-        sources.append(load_drafter(args.drafter, target))
-        labels.append("dflash")
-        fixed = _fixed_proposals(args)
-        if fixed is not None and fixed > sources[-1].max_proposals:
-            raise ConfigError(f"--num-proposals {fixed} exceeds the {sources[-1].max_proposals} tokens this drafter "
-                              f"proposes per round (its block size minus the anchor); give at most "
-                              f"{sources[-1].max_proposals}, or `measured`")
-    fallback = getattr(args, "fallback", False)
-    if fallback and len(sources) < 2:
+def drafter_spec(args: argparse.Namespace):
+    """`--method SPEC` (the grammar of `drafters/spec.py`, bench's words), or the spec that the shorthand flags
+    `--drafter`, `--draft-model`, `--lookup...`, `--tree`, `--fallback` stand for; `--num-proposals` is its
+    `proposals=`. None for plain decoding. Checked before any model loads."""
+    from ..drafters.spec import make_spec, parse_spec
+
+    count = args.num_proposals
+    no_drafter = ConfigError(f"--num-proposals {count} sets what a drafter proposes per round, and no drafter is "
+                             "given: add --drafter, --draft-model or --lookup, or drop --num-proposals")
+    if args.method is not None:
+        used = [flag for key, flag in SHORTHAND.items() if getattr(args, key) not in (None, False)]
+        used += ["--lookup-min-ngram"] if args.lookup_min_ngram != 1 else []
+        if used:
+            raise ConfigError(f"--method {args.method} names the drafter and {', '.join(used)} is shorthand for one: "
+                              "drop it, or write it as an option of the spec (tree=N, mode=fallback, branches=B, ...)")
+        spec = parse_spec(args.method)
+        if spec.kind == "ar":
+            if count is not None:
+                raise no_drafter
+            return None
+        if count is None:
+            return spec
+        if "proposals" in spec.options.given:
+            raise ConfigError(f"--num-proposals {count} and the spec's proposals={spec.options.given['proposals']} "
+                              "both set the proposals per round: keep one")
+        return make_spec(spec.kind, spec.arg, {**spec.options.given, "proposals": str(count)})
+    lookup = bool(args.lookup or args.lookup_corpus)
+    if lookup and args.lookup_branches is not None and args.lookup_branches < 1:
+        raise ConfigError(f"--lookup-branches must be >= 1 (distinct continuations per round), got "
+                          f"{args.lookup_branches}")
+    if lookup and args.lookup_min_ngram < 1:
+        raise ConfigError(f"--lookup-min-ngram must be >= 1 (n-gram sizes start at one token), got "
+                          f"{args.lookup_min_ngram}")
+    sources = [(kind, arg) for kind, arg, given in (("lookup", args.lookup_corpus, lookup),
+                                                    ("small-ar", args.draft_model, args.draft_model),
+                                                    ("dflash", args.drafter, args.drafter)) if given]
+    if args.fallback and len(sources) < 2:
         raise ConfigError("--fallback picks, each round, the first of several drafters that proposes anything: "
                           "give two or more of --lookup, --draft-model, --drafter")
-    if len(sources) > 1 and tree is None and not fallback:
-        raise ConfigError(f"several drafters ({', '.join(labels)}) are merged into one draft tree: add --tree N or "
-                          "--tree measured (or --fallback to use the first that proposes), or pass one of them")
-    if not sources and getattr(args, "num_proposals", None) is not None:
-        raise ConfigError(f"--num-proposals {args.num_proposals} sets what a drafter proposes per round, and no "
-                          "drafter is given: add --drafter, --draft-model or --lookup, or drop --num-proposals")
-    if tree is not None or fallback:
-        from ..drafters.tree import TreeDrafter
+    if len(sources) > 1 and args.tree is None and not args.fallback:
+        raise ConfigError(f"several drafters ({', '.join(kind for kind, _ in sources)}) are merged into one draft "
+                          "tree: add --tree N or --tree measured (or --fallback to use the first that proposes), or "
+                          "pass one of them")
+    if not sources and count is not None:
+        raise no_drafter
+    if not sources and args.tree is not None:
+        raise ConfigError("--tree needs a drafter: --drafter, --draft-model and/or --lookup")
+    if not sources:
+        return None
+    given = {}
+    if args.tree is not None:
+        given["tree"] = str(args.tree)
+    if count is not None:
+        given["proposals"] = str(count)
+    if lookup and args.lookup_branches is not None:
+        given["branches"] = str(args.lookup_branches)
+    elif lookup and len(sources) > 1 and args.tree is None:
+        given["branches"] = "1"  # a fallback without --tree: lookup proposes one continuation, as alone
+    if lookup and args.lookup_min_ngram != 1:
+        given["min_ngram"] = str(args.lookup_min_ngram)
+    if len(sources) == 1:
+        return make_spec(*sources[0], given)
+    if args.fallback:
+        given["mode"] = "fallback"
+    return make_spec("hybrid", "+".join(kind if arg is None else f"{kind}={arg}" for kind, arg in sources), given)
 
-        if not sources:
-            raise ConfigError("--tree needs a drafter: --drafter, --draft-model and/or --lookup")
-        return target, TreeDrafter(sources, 32 if tree is None else tree, labels=labels, target=target,
-                                   fallback=fallback)
-    return target, (sources[0] if sources else None)
+
+def _load_pair(args: argparse.Namespace, device: torch.device):
+    """Target, the drafter `drafter_spec` names (None for plain decoding) and the proposals per round."""
+    from ..drafters.spec import BuildContext, build_drafter
+    from ..target import load_target
+
+    spec = drafter_spec(args)
+    target = load_target(args.target, dtype=args.dtype, device=device)
+    if spec is None:
+        return target, None, None
+    flag = "--num-proposals " if args.num_proposals is not None else "proposals="
+    drafter, _ = build_drafter(spec, BuildContext(target, proposals_flag=flag))
+    return target, drafter, spec.options["proposals"]
 
 
 def encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
@@ -123,11 +156,11 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
 
     rows = read_batch_file(args.batch_file, args)
     device = setup_torch(args)
-    target, drafter = _load_pair(args, device)
+    target, drafter, num_proposals = _load_pair(args, device)
     prompts = [encode_prompt(target, text, args.chat) for _, text in rows]
     results = generate_batch(target, drafter, prompts, max_new_tokens=args.max_new_tokens,
                              temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                             draft_argmax=args.draft_argmax, num_proposals=args.num_proposals,
+                             draft_argmax=args.draft_argmax, num_proposals=num_proposals,
                              max_batch=args.max_batch)
     for (row_id, _), result in zip(rows, results):
         text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
@@ -155,11 +188,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise ConfigError("the prompt is empty: pass --prompt TEXT")
     device = setup_torch(args)
-    target, drafter = _load_pair(args, device)
+    target, drafter, num_proposals = _load_pair(args, device)
     prompt_ids = encode_prompt(target, args.prompt, args.chat)
     result = generate(target, drafter, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                       top_p=args.top_p, top_k=args.top_k, seed=args.seed, draft_argmax=args.draft_argmax,
-                      num_proposals=args.num_proposals)
+                      num_proposals=num_proposals)
     text = target.tokenizer.decode(result.tokens, skip_special_tokens=True)
     decode_tps = (len(result.tokens) - 1) / result.decode_s if result.decode_s > 0 else float("nan")
     if args.json:
@@ -201,14 +234,13 @@ def _proposal_count(text: str) -> int | str:
     return int(text)
 
 
-def _fixed_proposals(args: argparse.Namespace) -> int | None:
-    """--num-proposals K as the drafter's size; None for the default or `measured` (the drafter's own maximum)."""
-    return args.num_proposals if isinstance(args.num_proposals, int) else None
-
-
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
-    parser.add_argument("--drafter", help="DFlash drafter checkpoint folder")
+    parser.add_argument("--method", default=None, metavar="SPEC",
+                        help="the drafter in bench's words: ar, small-ar[:NAME], dflash:PATH[,option=value...], "
+                             "lookup[:CORPUS.jsonl][,...], hybrid:lookup+small-ar+dflash=PATH[,...] (docs/benchmarks.md); "
+                             "the flags below are shorthand for one")
+    parser.add_argument("--drafter", help="DFlash drafter checkpoint folder (shorthand for --method dflash:DIR)")
     parser.add_argument("--draft-model", help="small causal LM (folder or asset name) for the small-AR baseline")
     parser.add_argument("--num-proposals", type=_proposal_count, default=None, metavar="K|measured",
                         help="tokens proposed per round (default: drafter block size - 1; small-AR: 4); `measured`: "

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
+from ..drafters.spec import Option, choice as one_of, parse_options, positive_int, unit_interval
 from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
 from .measurement import Measurement
@@ -42,6 +43,21 @@ OPTIONS = {
     "ngram-mod": {"gguf", "n_match", "n_min", "n_max"},
     "dflash": {"gguf", "n_max", "drop_bias"},
     "dspark": {"gguf", "n_max", "conf_min", "drop_bias"},
+}
+def _gguf(text: str) -> str:
+    if text not in GGUF_CHOICES and not text.endswith(".gguf"):
+        raise ValueError(text)
+    return text
+
+
+# the one option parser (`drafters/spec.py::parse_options`) with the engine's own options
+OPTION_TABLE = {
+    "gguf": Option("q4_k_m|f16|f32|PATH.gguf", f"{', '.join(GGUF_CHOICES)} or a .gguf file", _gguf, "q4_k_m"),
+    "n_match": Option("N", "a positive integer", positive_int),
+    "n_min": Option("N", "a positive integer", positive_int),
+    "n_max": Option("N", "a positive integer", positive_int),
+    "conf_min": Option("P", "a number in [0, 1]", unit_interval),
+    "drop_bias": Option("on|off", "on or off", one_of("on", "off")),
 }
 TOKENIZER_PROBE = "def add(a, b):\n    return a + b  # naïve 数字 ✓\n\n<|im_start|>user"
 
@@ -66,7 +82,7 @@ class LlamaCppSpec:
 def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
     """`llamacpp`'s argument (after the kind: `:MODE[=DRAFTER][,k=v...]` or `,k=v...`) -> LlamaCppSpec."""
     text = (arg or "").strip()
-    head, *parts = text.split(",") if text else [""]
+    head = text.split(",")[0]
     mode, _, drafter = head.partition("=")
     mode = mode.strip() or "plain"
     if mode not in MODES or mode == "plain" and head.strip():
@@ -76,28 +92,7 @@ def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
         raise ConfigError(f"llamacpp:{mode} needs the drafter: llamacpp:{mode}=DRAFTER")
     if mode in ("plain", "ngram-mod") and drafter:
         raise ConfigError(f"llamacpp:{mode} takes no drafter, got {head!r}")
-    options: dict[str, str] = {}
-    for part in parts:
-        key, sep, value = (s.strip() for s in part.partition("="))
-        if not sep or key not in OPTIONS[mode]:
-            raise ConfigError(f"llamacpp:{mode} option {part!r} is not one of "
-                              f"{', '.join(f'{k}=...' for k in sorted(OPTIONS[mode]))}")
-        if key in options:
-            raise ConfigError(f"llamacpp option {key} is given twice in {arg!r}")
-        if key in ("n_max", "n_min", "n_match") and not (value.isdigit() and int(value) >= 1):
-            raise ConfigError(f"llamacpp option {key} takes a positive integer, got {value!r}")
-        if key == "conf_min":
-            try:
-                ok = 0.0 <= float(value) <= 1.0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(f"llamacpp option conf_min takes a number in [0, 1], got {value!r}")
-        if key == "drop_bias" and value not in ("on", "off"):
-            raise ConfigError(f"llamacpp option drop_bias takes on or off, got {value!r}")
-        if key == "gguf" and value not in GGUF_CHOICES and not value.endswith(".gguf"):
-            raise ConfigError(f"llamacpp option gguf takes {', '.join(GGUF_CHOICES)} or a .gguf file, got {value!r}")
-        options[key] = value
+    _, options = parse_options(f"llamacpp:{mode}", text, sorted(OPTIONS[mode]), OPTION_TABLE)
     return LlamaCppSpec(mode, drafter.strip() or None, options)
 
 

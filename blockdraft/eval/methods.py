@@ -2,40 +2,24 @@
 
 Spec strings (`blockdraft bench --method ...`):
 
-- `ar`: plain decoding through our loop (no drafter), the speedup baseline;
-- `small-ar[:NAME_OR_PATH]`: our loop with a small causal LM drafting K tokens one by one
-  (default draft `qwen2.5-coder-0.5b-instruct`; B = 5 unless `--block-size` says otherwise);
-- `dflash:PATH[,option=value...]`: our loop with a DFlash drafter checkpoint (several allowed; default
-  B = its own). Options for checkpoints with heads (`DFLASH_OPTIONS`): `markov=on|off` (draft with or
-  without the DSpark Markov head), `heads=on|off` (the other slot heads: DeLS fusion, Domino),
-  `threshold=T` (confidence pruning at T in [0, 1]), `cost=measured` (cost-aware pruning against a
-  verify-cost curve timed on this machine at load; both work on any DFlash drafter, with c_k its peak
-  draft probability where it has no confidence head), so `dflash:D,markov=off` and
-  `dflash:D,threshold=0.5` are separate runs of one checkpoint (the Markov on/off comparison and the
-  confidence sweep);
-  `tree=N|measured` verifies a DDTree of at most N nodes built from the drafter's slot marginals
-  (`measured`: each round's node count from verify passes timed on this machine at load);
-  `proposals=measured` cuts each round's chains to the length with the most expected tokens per second
-  at the current batch size (`decode/width.py`; also for `lookup`; not with `--block-size`);
-- `lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,min_ngram=M,tokens=T,proposals=measured]`: n-gram lookup
-  over the prompt and the output (and the corpus, when named); `branches` distinct continuations
-  (default 1 for a chain, 4 with `tree`), n-grams of `ngram` down to `min_ngram` tokens (default 3
-  down to 1), `tokens` per continuation (default 10);
-- `hybrid:SOURCE+SOURCE...[,tree=N|measured,mode=merge|fallback,min_ngram=M,tokens=T,branches=B,proposals=measured]`:
-  several drafters, SOURCE one of `lookup`, `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`,
-  `dflash=PATH` (default tree 32 nodes; lookup takes `branches` continuations, default 4, of `tokens`
-  tokens, default 10, and n-grams down to `min_ngram`, default 1). `mode=merge` (default) merges every
-  source's proposal into one tree per round (DFlash fills the budget left by the sources before it);
-  `mode=fallback` uses the first source, in the order given, that proposes anything that round.
-  `proposals=measured` cuts the rounds whose tree is one chain (a lone lookup continuation) by cost, as
-  for `lookup`. The rounds record which source proposed each accepted token;
+- a drafter of our loop in the one drafter grammar (`drafters/spec.py`, shared with
+  `blockdraft generate --method`): `ar` (no drafter: the speedup baseline), `small-ar[:NAME_OR_PATH]`,
+  `dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured]`,
+  `lookup[:CORPUS.jsonl][,branches=B,ngram=N,min_ngram=M,tokens=T]`,
+  `hybrid:SOURCE+SOURCE...[,mode=merge|fallback,...]`, each drafter kind with `tree=N|measured` and
+  `proposals=K|measured`. So `dflash:D,markov=off` and `dflash:D,threshold=0.5` are separate runs of one
+  checkpoint (the Markov on/off comparison and the confidence sweep). `--block-size B` gives `small-ar`
+  (built with B - 1 proposals; default B = 5) and `dflash` (B at most its own; default its own) one run
+  per B, and sizes a hybrid's small-AR source by the first B; not with `proposals=` on those two;
 - `hf-assisted[:NAME_OR_PATH]`: transformers `model.generate(assistant_model=draft)` with its own
   defaults (20 candidates, constant schedule, confidence stop 0.4), same default draft;
-- `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10).
+- `hf-prompt-lookup[:N]`: transformers `model.generate(prompt_lookup_num_tokens=N)` (default N = 10);
+- `llamacpp[...]`: a real llama-server per configuration (`eval/llamacpp_runner.py`).
 
 Every runner returns a `Measurement`: generated tokens, `prefill_s`, `decode_s`, and for our loop
 the per-round records (columns) plus each round's drafted tokens, so that accept/correct/waste can
-be derived later. Prefill is excluded from `decode_s`.
+be derived later. Prefill is excluded from `decode_s`. The rounds of a hybrid record which source
+proposed each accepted token.
 
 Hugging Face `generate` cannot be split into prefill and decode from the outside, so for the `hf-*`
 peers `generate_s` is the whole call, `prefill_s` is measured just before it with one cached forward
@@ -58,27 +42,21 @@ import torch
 from transformers import DynamicCache
 
 from .. import generate, generate_batch
-from ..checkpoints import load_drafter
 from ..config import ConfigError, SamplingConfig
-from ..drafters.lookup import CorpusIndex, LookupDrafter
-from ..drafters.small_ar import SmallARDrafter
-from ..drafters.tree import TreeDrafter
-from ..target import Target, load_target
+from ..drafters.spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
+                             drafters_help, parse_spec, split_kind)
+from ..target import Target
 from ..timing import elapsed, synchronize, timed
+from .llamacpp_runner import build_llamacpp_runner, parse_llamacpp
 from .measurement import Measurement
 
-KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid", "hf-assisted", "hf-prompt-lookup", "llamacpp")
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_LOOKUP_TOKENS = 10
-DEFAULT_SMALL_AR_BLOCK = 5  # K = 4 proposals, the default of `blockdraft generate --draft-model`
-SPEC_HELP = ("ar, small-ar[:NAME_OR_PATH], dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured,"
-             "tree=N|measured,proposals=measured], lookup[:CORPUS.jsonl][,tree=N|measured,branches=B,ngram=N,"
-             "min_ngram=M,tokens=T,proposals=measured], "
-             "hybrid:lookup+small-ar+dflash=PATH[,tree=N|measured,mode=merge|fallback,min_ngram=M,tokens=T,branches=B,"
-             "proposals=measured], hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N], "
-             "llamacpp[:ngram-mod|dflash=DRAFTER|dspark=DRAFTER][,gguf=q4_k_m|f16|f32,n_max=N,conf_min=P]")
-DEFAULT_HYBRID_TREE = 32
-DEFAULT_TREE_BRANCHES = 4
+PEERS = ("hf-assisted", "hf-prompt-lookup", "llamacpp")  # other engines' decoding, not drafters of our loop
+PEERS_HELP = ("hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N], "
+              "llamacpp[:ngram-mod|dflash=DRAFTER|dspark=DRAFTER][,gguf=q4_k_m|f16|f32,n_max=N,conf_min=P]")
+
+
+def methods_help() -> str:
+    return f"{drafters_help()}, {PEERS_HELP}"
 
 
 @dataclass(frozen=True)
@@ -95,141 +73,28 @@ class MethodSpec:
 
     @property
     def uses_block_size(self) -> bool:
-        """Only our loop's drafters take `--block-size`; HF peers keep their own schedule."""
-        return self.kind in ("small-ar", "dflash")
-
-
-DFLASH_OPTIONS = {"markov": ("on", "off"), "heads": ("on", "off"), "threshold": None, "cost": ("measured",),
-                  "tree": None, "proposals": ("measured",)}
-LOOKUP_OPTIONS = {"tree": None, "branches": None, "ngram": None, "min_ngram": None, "tokens": None,
-                  "proposals": ("measured",)}
-HYBRID_OPTIONS = {"tree": None, "mode": ("merge", "fallback"), "min_ngram": None, "tokens": None, "branches": None,
-                  "proposals": ("measured",)}
-
-
-def _options(kind: str, arg: str, known: dict[str, tuple[str, ...] | None]) -> tuple[str, dict[str, str]]:
-    """`HEAD[,key=value...]` -> (HEAD, options), each option validated (see the module doc)."""
-    head, *parts = arg.split(",")
-    options: dict[str, str] = {}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or key not in known:
-            split = (f"; a comma separates options, so the path {head + ',' + part!r} was split at its comma: "
-                     "rename or symlink that folder to a name without one") if not sep else ""
-            raise ConfigError(f"{kind} option {part!r} is not one of {', '.join(f'{k}=...' for k in known)}{split}")
-        allowed = known[key]
-        if allowed is not None and value not in allowed:
-            raise ConfigError(f"{kind} option {key} takes {' or '.join(allowed)}, got {value!r}")
-        if key == "threshold":
-            try:
-                threshold = float(value)
-            except ValueError:
-                threshold = float("nan")
-            if not 0.0 <= threshold <= 1.0:
-                raise ConfigError(f"{kind} option threshold must be a number in [0, 1], got {value!r}")
-        if key == "tree":
-            tree_budget(value)
-        if key in ("branches", "ngram", "min_ngram", "tokens") and not (value.isdigit() and int(value) >= 1):
-            raise ConfigError(f"{kind} option {key} takes a positive integer, got {value!r}")
-        if key in options:
-            raise ConfigError(f"{kind} option {key} is given twice in {arg!r}")
-        options[key] = value
-    return head.strip(), options
-
-
-def tree_budget(value: str | None) -> int | str | None:
-    """`tree=` option text -> the budget `generate` takes (None when absent)."""
-    from ..drafters.tree import check_budget
-
-    if value is None or value == "measured":
-        return value
-    budget = int(value) if value.lstrip("-").isdigit() else value
-    check_budget(budget)
-    return budget
-
-
-def lookup_options(arg: str) -> tuple[str, dict[str, str]]:
-    """`lookup[:CORPUS.jsonl][,options]`'s argument -> (corpus path or "", options)."""
-    return _options("lookup", arg, LOOKUP_OPTIONS)
+        """Only our loop's small-ar and dflash take `--block-size`; HF peers keep their own schedule."""
+        return self.kind in DRAFTERS and DRAFTERS[self.kind].block_size is not None
 
 
 def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
-    """`PATH[,key=value...]` -> (PATH, options), validated (see the module doc)."""
-    path, options = _options("dflash", arg, DFLASH_OPTIONS)
-    if not path:
-        raise ConfigError(f"method dflash needs the drafter folder first: dflash:PATH[,option=value], got {arg!r}")
-    return path, options
-
-
-def hybrid_sources(arg: str) -> tuple[list[tuple[str, str | None]], dict[str, str]]:
-    """`SOURCE+SOURCE...[,tree=...]` -> ([(kind, argument)], options)."""
-    head, options = _options("hybrid", arg, HYBRID_OPTIONS)
-    sources = []
-    for part in head.split("+"):
-        kind, _, value = part.strip().partition("=")
-        if kind not in ("lookup", "small-ar", "dflash") or (kind == "dflash" and not value):
-            raise ConfigError(f"hybrid source {part!r} is not one of lookup[=CORPUS.jsonl], "
-                              "small-ar[=NAME_OR_PATH], dflash=PATH")
-        sources.append((kind, value or None))
-    if len(sources) < 2:
-        raise ConfigError(f"a hybrid needs at least two sources joined by '+', got {arg!r}")
-    if len({kind for kind, _ in sources}) != len(sources):
-        raise ConfigError(f"each hybrid source kind may appear once, got {arg!r}")
-    return sources, options
-
-
-def _with_options(drafter, options: dict[str, str], target: Target, path: str):
-    """The loaded drafter re-composed with the options' head switches and pruning."""
-    from ..drafters.headed import HeadedDrafter
-    from ..drafters.pruning import Pruning
-    from .verify_cost import measure_verify_cost
-
-    options = {key: value for key, value in options.items() if key not in ("proposals", "tree")}  # the loop's
-    if not options:
-        return drafter
-    if not isinstance(drafter, HeadedDrafter):
-        if {"markov", "heads"} & set(options):
-            raise ConfigError(f"dflash options markov/heads need a drafter with heads; {path} has none")
-        drafter = HeadedDrafter(drafter)  # pruning alone: c_k is each slot's peak draft probability
-    verify_cost = None
-    if options.get("cost") == "measured":
-        verify_cost = measure_verify_cost(target, list(range(drafter.max_proposals + 1)))
-    names = [head.name for head in drafter.slot_heads]
-    off = set()
-    if options.get("markov", "on") == "off":  # the DSpark Markov head alone
-        off |= {"markov"} & set(names)
-    if options.get("heads", "on") == "off":  # every other slot head (DeLS fusion, Domino, ...)
-        off |= set(names) - {"markov"}
-    pruning = Pruning(threshold=float(options.get("threshold", 0.0)), verify_cost=verify_cost,
-                      confidence=drafter.pruning.confidence)
-    return HeadedDrafter(drafter.backbone, drafter.slot_heads, pruning, off=off)
+    """`PATH[,key=value...]` -> (PATH, options as written), validated (`drafters/spec.py`)."""
+    spec = parse_spec(f"dflash:{arg}")
+    return spec.arg, dict(spec.options.given)
 
 
 def parse_method(text: str) -> MethodSpec:
-    text = text.strip()
-    cut = min((i for i in (text.find(":"), text.find(",")) if i >= 0), default=len(text))
-    kind, arg = text[:cut], text[cut:]
-    arg = (arg[1:] if arg.startswith(":") else arg).strip() or None  # `lookup,tree=16`: options, no argument
-    if kind not in KINDS:
-        raise ConfigError(f"unknown method {text!r}; use one of: {SPEC_HELP}")
-    if kind == "ar" and arg is not None:
-        raise ConfigError(f"method 'ar' takes no argument, got {text!r}")
-    if kind == "dflash" and arg is None:
-        raise ConfigError("method 'dflash' needs the drafter folder: dflash:PATH")
-    if kind == "dflash":
-        dflash_options(arg)  # validated now, before any model loads
-    if kind == "lookup" and arg is not None:
-        _options("lookup", arg, LOOKUP_OPTIONS)
-    if kind == "hybrid":
-        if arg is None:
-            raise ConfigError("method 'hybrid' needs its sources: hybrid:lookup+small-ar[,tree=N]")
-        hybrid_sources(arg)
-    if kind in ("small-ar", "hf-assisted") and arg is None:
+    kind, arg = split_kind(text)
+    if kind not in DRAFTERS and kind not in PEERS:
+        raise ConfigError(f"unknown method {text.strip()!r}; use one of: {methods_help()}")
+    if kind in DRAFTERS:
+        parse_spec(text)  # validated now, before any model loads
+        default = DRAFTERS[kind].default_arg
+        if default is not None and (arg is None or arg.startswith(",")):
+            arg = default + (arg or "")  # `small-ar,tree=8` -> `small-ar:<default draft>,tree=8`
+    if kind == "hf-assisted" and arg is None:
         arg = DEFAULT_DRAFT
     if kind == "llamacpp":  # a llama-server per configuration (eval/llamacpp_runner.py)
-        from .llamacpp_runner import parse_llamacpp
-
         arg = parse_llamacpp(arg).canonical().lstrip(":")
     if kind == "hf-prompt-lookup":
         arg = arg or str(DEFAULT_LOOKUP_TOKENS)
@@ -366,15 +231,6 @@ class HFRunner:
                            target_calls=calls[0], generate_s=_round_time(generate_s))
 
 
-def _lookup(target: Target, corpus: str | None, options: dict[str, str], tree: bool) -> LookupDrafter:
-    max_ngram, min_ngram = int(options.get("ngram", 3)), int(options.get("min_ngram", 1))
-    index = CorpusIndex.from_jsonl(corpus, target.tokenizer, min_ngram=min_ngram, max_ngram=max_ngram,
-                                   vocab_size=target.vocab_size) if corpus else None
-    branches = int(options.get("branches", DEFAULT_TREE_BRANCHES if tree else 1))
-    return LookupDrafter(int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)), min_ngram=min_ngram, max_ngram=max_ngram,
-                         max_branches=branches, corpus=index)
-
-
 def run_or_fail(runner, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement | None:
     """`runner.run`, except that an external engine's failure (a llama-server that crashed) ends that method
     alone: recorded in its description, None returned, and the runner skipped from then on."""
@@ -398,97 +254,52 @@ def close_runners(runners: list) -> None:
             runner.close()
 
 
+def _loop_runners(name: str, block_sizes: tuple[int, ...] | None, target: Target, sampling: SamplingConfig,
+                  record_q: bool, models: dict[str, Target]) -> tuple[list[LoopRunner], dict]:
+    """A drafter spec's runners: one per block size for the kinds `--block-size` applies to, else one."""
+    spec = parse_spec(name)
+    kind = DRAFTERS[spec.kind]
+    proposals = spec.options["proposals"]
+    if proposals is not None and block_sizes and kind.block_size is not None:
+        raise ConfigError(f"{name} chooses its proposals per round (proposals={proposals}); drop --block-size, "
+                          "or the option, to fix B")
+    context = BuildContext(target, block_size=block_sizes[0] if block_sizes else None, models=models)
+    drafter, info = build_drafter(spec, context)
+    fixed = spec.options.fixed_proposals()
+    if drafter is None or kind.block_size is None:  # --block-size does not apply (ar, lookup, hybrid)
+        sizes: tuple = (fixed + 1 if fixed else None,)
+    else:
+        sizes = block_sizes or (fixed + 1 if fixed else drafter.max_proposals + 1,)
+    runners = []
+    for block_size in sizes:
+        if block_size is not None and kind.block_size == "sizes" and drafter.max_proposals != block_size - 1:
+            drafter, _ = build_drafter(spec, BuildContext(target, block_size=block_size, models=models))
+        native = None if drafter is None else drafter.max_proposals + 1
+        if block_size is not None and kind.block_size == "caps" and block_size > native:
+            raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
+                              f"{spec.arg} proposes at most {native - 1} (its block size is {native}); "
+                              f"use --block-size <= {native}")
+        runners.append(LoopRunner(name, block_size, target, drafter, sampling, record_q, proposals == "measured"))
+    return runners, info
+
+
 def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None, target: Target,
                   sampling: SamplingConfig, *, record_q: bool = True,
                   log_dir=None) -> tuple[list, dict[str, dict]]:
     """Load every drafter once and return (runners in run order, per-method descriptions).
 
-    Each speculative method of our loop gets one runner per block size; a block size larger
-    than a DFlash drafter's own (B - 1 > its max proposals) is refused.
+    Each drafter spec is built by `drafters/spec.py`; `--block-size` gives small-ar and dflash one runner
+    per block size, and a block size larger than a DFlash drafter's own (B - 1 > its max proposals) is
+    refused.
     """
-    drafts: dict[str, Target] = {}  # a draft model loaded once, shared by small-ar and hf-assisted
-
-    def draft_model(name: str) -> Target:
-        if name not in drafts:
-            drafts[name] = load_target(name, dtype=target.dtype, device=target.device)
-        return drafts[name]
-
+    models: dict[str, Target] = {}  # a draft model loaded once, shared by small-ar, hybrids and hf-assisted
     runners, info = [], {}
     for text in methods:
         spec = parse_method(text)
-        if spec.kind == "ar":
-            runners.append(LoopRunner(spec.name, None, target, None, sampling, record_q))
-            info[spec.name] = {"kind": "ar"}
-        elif spec.kind in ("small-ar", "dflash"):
-            if spec.kind == "dflash":
-                path, options = dflash_options(spec.arg)
-                drafter = _with_options(load_drafter(path, target), options, target, path)
-                native = drafter.max_proposals + 1
-                cfg = drafter.config
-                info[spec.name] = {"kind": "dflash", "path": path, "block_size": cfg.block_size,
-                                   "layout": cfg.layout, "num_hidden_layers": cfg.num_hidden_layers,
-                                   "target_layer_ids": list(cfg.target_layer_ids),
-                                   "draft_vocab_size": cfg.draft_vocab_size,
-                                   "heads": cfg.extra.get("heads") or {}, "options": options}
-            else:
-                native = DEFAULT_SMALL_AR_BLOCK
-                draft = draft_model(spec.arg)
-                info[spec.name] = {"kind": "small-ar", "draft": spec.arg, "draft_layers": draft.num_layers,
-                                   "draft_hidden_size": draft.hidden_size}
-            tree = tree_budget(options.get("tree")) if spec.kind == "dflash" else None
-            if tree is not None:
-                drafter = TreeDrafter(drafter, tree, labels=["dflash"], target=target)
-                info[spec.name]["tree"] = tree
-            measured = spec.kind == "dflash" and options.get("proposals") == "measured"
-            if measured and block_sizes:
-                raise ConfigError(f"{spec.name} chooses its proposals per round (proposals=measured); drop "
-                                  "--block-size, or the option, to fix B")
-            for block_size in block_sizes or (native,):
-                if spec.kind == "dflash" and block_size > native:
-                    raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
-                                      f"{path} proposes at most {native - 1} (its block size is {native}); "
-                                      f"use --block-size <= {native}")
-                if spec.kind == "small-ar":
-                    drafter = SmallARDrafter(draft_model(spec.arg), target, num_proposals=block_size - 1)
-                runners.append(LoopRunner(spec.name, block_size, target, drafter, sampling, record_q, measured))
-        elif spec.kind == "lookup":
-            corpus, options = lookup_options(spec.arg or "")
-            tree = tree_budget(options.get("tree"))
-            drafter = _lookup(target, corpus or None, options, tree is not None)
-            info[spec.name] = {"kind": "lookup", "corpus": corpus or None, "tree": tree,
-                               "branches": drafter.max_branches, "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram,
-                               "tokens": drafter.max_proposals}
-            if tree is not None:
-                drafter = TreeDrafter(drafter, tree, labels=["lookup"], target=target)
-            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q,
-                                      options.get("proposals") == "measured"))
-        elif spec.kind == "hybrid":
-            sources, options = hybrid_sources(spec.arg)
-            tree = tree_budget(options.get("tree")) or DEFAULT_HYBRID_TREE
-            drafters, labels = [], []
-            for kind, value in sources:
-                if kind == "lookup":
-                    drafters.append(_lookup(target, value, {k: options[k] for k in ("min_ngram", "tokens", "branches")
-                                                            if k in options}, True))
-                elif kind == "small-ar":
-                    block = (block_sizes or (DEFAULT_SMALL_AR_BLOCK,))[0]
-                    drafters.append(SmallARDrafter(draft_model(value or DEFAULT_DRAFT), target,
-                                                   num_proposals=block - 1))
-                else:
-                    drafters.append(load_drafter(value, target))
-                labels.append(kind)
-            fallback = options.get("mode", "merge") == "fallback"
-            drafter = TreeDrafter(drafters, tree, labels=labels, target=target, fallback=fallback)
-            info[spec.name] = {"kind": "hybrid", "sources": [{"kind": k, "arg": v} for k, v in sources],
-                               "tree": tree, "mode": options.get("mode", "merge"),
-                               "min_ngram": int(options.get("min_ngram", 1)),
-                               "tokens": int(options.get("tokens", DEFAULT_LOOKUP_TOKENS)),
-                               "branches": int(options.get("branches", DEFAULT_TREE_BRANCHES))}
-            runners.append(LoopRunner(spec.name, None, target, drafter, sampling, record_q,
-                                      options.get("proposals") == "measured"))
+        if spec.kind in DRAFTERS:
+            loop, info[spec.name] = _loop_runners(spec.name, block_sizes, target, sampling, record_q, models)
+            runners.extend(loop)
         elif spec.kind == "llamacpp":
-            from .llamacpp_runner import build_llamacpp_runner
-
             if not sampling.greedy:
                 raise ConfigError(f"{spec.name}: llama.cpp methods are measured greedily only (--temperature 0)")
             runner = build_llamacpp_runner(spec.name, spec.arg, target, log_dir=log_dir)
@@ -496,7 +307,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
             if not runner.failed:  # a failed one is recorded in its description and left out
                 runners.append(runner)
         elif spec.kind == "hf-assisted":
-            assistant = draft_model(spec.arg)
+            assistant = BuildContext(target, models=models).draft_model(spec.arg)
             if assistant.vocab_size != target.vocab_size:
                 raise ConfigError(f"hf-assisted draft {spec.arg} has vocabulary {assistant.vocab_size}, the target "
                                   f"{target.vocab_size}; assisted generation needs a shared tokenizer")
