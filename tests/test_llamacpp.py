@@ -386,6 +386,7 @@ def test_method_spellings_are_canonical():
     ("llamacpp,gguf=q8", "gguf takes q4_k_m, f16, f32 or a .gguf file"),
     ("llamacpp,gguf=f32,gguf=f16", "given twice"),
     ("llamacpp:dflash=D,drop_bias=yes", "drop_bias takes on or off"),
+    ("llamacpp:dflash=D,arch=qwen2", "arch takes auto, native or llama"),
 ])
 def test_method_option_errors(bad, message):
     with pytest.raises(ConfigError, match=message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 ENGINES = ("llama.cpp",)
 
@@ -42,6 +43,22 @@ def cmd_engines_path(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engines_as_llama(args: argparse.Namespace) -> int:
+    from ..config import ConfigError
+    from ..engines.gguf_arch import qwen2_gguf_as_llama
+    from ..files import check_out_file
+
+    source = Path(args.gguf).expanduser()
+    if not source.is_file():
+        raise ConfigError(f"{source} is not a file: give a qwen2 GGUF (e.g. $BLOCKDRAFT_HOME/gguf/NAME.gguf)")
+    out = check_out_file(args.out, owned=lambda path: args.overwrite, what="a file to overwrite (pass --overwrite)",
+                         protect=[source])
+    if out.suffix != ".gguf":
+        raise ConfigError(f"--out is a .gguf file, got {out}")
+    qwen2_gguf_as_llama(source, out, log=print)
+    return 0
+
+
 def add_engines(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("engines", help="build and locate other inference engines (llama.cpp)")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -58,3 +75,9 @@ def add_engines(sub: argparse._SubParsersAction) -> None:
     path = verbs.add_parser("path", help="the folder holding the verified binaries (an error if none)")
     path.add_argument("engine", choices=ENGINES, nargs="?", default="llama.cpp")
     path.set_defaults(func=cmd_engines_path)
+    as_llama = verbs.add_parser("as-llama", help="rewrite a qwen2 GGUF as llama.cpp's llama architecture (the same "
+                                                 "weights), whose graph feeds DFlash drafts the layer hidden states")
+    as_llama.add_argument("gguf", help="the qwen2 GGUF (any quantization)")
+    as_llama.add_argument("--out", required=True, help="the new .gguf file")
+    as_llama.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    as_llama.set_defaults(func=cmd_engines_as_llama)

@@ -235,9 +235,15 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
         check_drafter_gguf(partial, facts)
         supported = dflash_target_archs(find_converter().parent)
         if model_type and model_type.replace("_", "") not in supported:
-            notes.append(f"llama.cpp 11434 cannot run DFlash drafts for a {model_type!r} target yet (its graph does not "
-                         "expose the layer hidden states the draft reads): this file loads, but the server aborts at "
-                         f"the first drafted request. Supported targets: {', '.join(sorted(supported))}")
+            if model_type == "qwen2":
+                notes.append("llama.cpp 11434's qwen2 graph does not expose the layer hidden states the draft reads: "
+                             "run the target as its llama-architecture copy (the same weights), written by "
+                             "`blockdraft engines as-llama TARGET.gguf --out TARGET-llama.gguf` (the bench does it "
+                             "itself)")
+            else:
+                notes.append(f"llama.cpp 11434 cannot run DFlash drafts for a {model_type!r} target yet (its graph does "
+                             "not expose the layer hidden states the draft reads): this file loads, but the server "
+                             f"aborts at the first drafted request. Supported targets: {', '.join(sorted(supported))}")
         facts = {**facts, "drafter": str(drafter_dir), "target": str(target_dir), "outtype": outtype, "notes": notes}
         os.replace(partial, out_file)
     sidecar = out_file.with_name(out_file.name + ".json")
@@ -270,7 +276,9 @@ def check_dflash_target(target_gguf: str | Path, tree: Path | None = None) -> No
     if arch.replace("-", "") not in supported:
         raise EngineError(f"llama.cpp 11434 cannot draft with DFlash for a {arch!r} target ({target_gguf}): its {arch} "
                           "graph does not expose the per-layer hidden states the draft reads, and the server aborts at "
-                          f"the first drafted request. Targets it supports: {', '.join(sorted(supported))}")
+                          f"the first drafted request. Targets it supports: {', '.join(sorted(supported))}"
+                          + ("; a qwen2 GGUF runs as its llama-architecture copy: `blockdraft engines as-llama "
+                             f"{target_gguf} --out COPY.gguf`" if arch == "qwen2" else ""))
 
 
 def read_gguf_summary(path: str | Path) -> dict:

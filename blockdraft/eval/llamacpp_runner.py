@@ -14,6 +14,12 @@ an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached 
   `--spec-type draft-dspark`; `conf_min` is llama.cpp's `--spec-draft-p-min`, truncating the block at the
   first slot whose predicted acceptance is below P.
 
+`arch=auto|native|llama` (every mode): which llama.cpp graph runs the target. llama.cpp 11434's `qwen2`
+graph does not expose the layer hidden states a DFlash draft reads, so with `auto` (the default) a draft
+method on a Qwen2 GGUF runs the target's `llama`-architecture copy: the same weights, q/k rows in the
+other rope order (`engines/gguf_arch.py`; written once beside the converted targets). `arch=llama` asks
+for that copy for plain and n-gram decoding too (a like-for-like baseline), `native` never.
+
 DRAFTER is a drafter folder, a shipped drafter's name, or an exported `.gguf` (with its `.gguf.json`).
 Greedy only (llama.cpp's server draws at T > 0 with its own sampler chain). Decode time and acceptance are
 the server's own per-request timings (`engines/llamacpp_server.py`): prefill excluded, as ours.
@@ -39,10 +45,10 @@ from .measurement import Measurement
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
 MODES = ("plain", "ngram-mod", "dflash", "dspark")
 OPTIONS = {
-    "plain": {"gguf"},
-    "ngram-mod": {"gguf", "n_match", "n_min", "n_max"},
-    "dflash": {"gguf", "n_max", "drop_bias"},
-    "dspark": {"gguf", "n_max", "conf_min", "drop_bias"},
+    "plain": {"gguf", "arch"},
+    "ngram-mod": {"gguf", "arch", "n_match", "n_min", "n_max"},
+    "dflash": {"gguf", "arch", "n_max", "drop_bias"},
+    "dspark": {"gguf", "arch", "n_max", "conf_min", "drop_bias"},
 }
 def _gguf(text: str) -> str:
     if text not in GGUF_CHOICES and not text.endswith(".gguf"):
@@ -58,6 +64,7 @@ OPTION_TABLE = {
     "n_max": Option("N", "a positive integer", positive_int),
     "conf_min": Option("P", "a number in [0, 1]", unit_interval),
     "drop_bias": Option("on|off", "on or off", one_of("on", "off")),
+    "arch": Option("auto|native|llama", "auto, native or llama", one_of("auto", "native", "llama"), "auto"),
 }
 TOKENIZER_PROBE = "def add(a, b):\n    return a + b  # naïve 数字 ✓\n\n<|im_start|>user"
 
@@ -107,6 +114,25 @@ def target_gguf(target_name: str, choice: str, log=None) -> Path:
     if choice == "q4_k_m":
         return shipped_target_gguf(target_name)
     return convert_target_gguf(target_name, target_gguf_path(target_name, choice), outtype=choice, log=log)
+
+
+def runnable_target_gguf(model: Path, spec: "LlamaCppSpec", tree: Path | None = None, log=None) -> Path:
+    """The target file the server loads: `model` itself, or its `llama`-architecture copy (the same weights,
+    `engines/gguf_arch.py`) when `arch=llama`, or when `arch=auto` and a DFlash/DSpark draft needs the layer
+    hidden states that llama.cpp's graph for the file's own architecture does not expose (Qwen2)."""
+    from ..engines.gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
+    from ..engines.llamacpp_export import dflash_target_archs, gguf_architecture
+
+    arch = spec.options.get("arch", "auto")
+    if arch == "native":
+        return model
+    if arch == "auto" and (spec.mode not in ("dflash", "dspark") or gguf_architecture(model) != SOURCE_ARCH
+                           or SOURCE_ARCH in dflash_target_archs(tree)):
+        return model
+    copy = engine_root() / "gguf" / f"{model.stem}-as-llama.gguf"
+    if copy.is_file() and copy.stat().st_mtime >= model.stat().st_mtime:
+        return copy
+    return qwen2_gguf_as_llama(model, copy, log=log)
 
 
 def _draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, dict]:
@@ -176,7 +202,8 @@ class LlamaCppRunner:
 
     def start(self) -> None:
         build = find_llamacpp()
-        model = target_gguf(self.target_name, self.spec.gguf)
+        model = runnable_target_gguf(target_gguf(self.target_name, self.spec.gguf), self.spec, build.tree,
+                                     log=lambda line: print(f"  [{self.method}] {line}", file=sys.stderr, flush=True))
         draft, facts = None, None
         if self.spec.mode in ("dflash", "dspark"):
             from ..engines.llamacpp_export import check_dflash_target
@@ -187,7 +214,8 @@ class LlamaCppRunner:
         extra = server_arguments(self.spec, facts)
         log = None if self.log_dir is None else self.log_dir / "llamacpp-logs" / (_slug(self.method) + ".log")
         self.info.update({"kind": "llamacpp", "mode": self.spec.mode, "target_gguf": str(model),
-                          "target_gguf_kind": self.spec.gguf, "draft_gguf": None if draft is None else str(draft),
+                          "target_gguf_kind": self.spec.gguf,
+                          "target_arch": _arch(model), "draft_gguf": None if draft is None else str(draft),
                           "draft": facts, "server_args": extra, "log": None if log is None else str(log),
                           "threads": self.threads, "llamacpp": build.marker().get("package")})
         self.server = LlamaServer(build.server, model, draft=draft, extra_args=extra, threads=self.threads,
@@ -223,6 +251,17 @@ class LlamaCppRunner:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+
+
+def _arch(path: Path) -> str:
+    """The file's `general.architecture` for the record ("unreadable" when the reader fails: the server,
+    not this record, is the judge of a file)."""
+    from ..engines.llamacpp_export import gguf_architecture
+
+    try:
+        return gguf_architecture(path)
+    except (ValueError, IndexError, OSError):
+        return "unreadable"
 
 
 def _slug(text: str) -> str:
