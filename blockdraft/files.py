@@ -256,12 +256,18 @@ def _normal_permissions(folder: Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, overwrite: bool = False) -> None:
+def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, overwrite: bool = False,
+                        need_bytes: int | None = None) -> None:
     """`write(tmp)` fills a temporary sibling folder, which is then renamed to `out_dir`, so readers see
     the old folder or the new one, never half of one. An existing `out_dir` is replaced only when it is
     empty or holds an output of the kind just written (or `overwrite`); it is never the current folder
-    or lies under a file. The folder gets the user's umask permissions, not tempfile's 0700."""
+    or lies under a file. The folder gets the user's umask permissions, not tempfile's 0700. `need_bytes`
+    (what `write` will write, e.g. the tensors' bytes): a disk without that much room (the new folder is
+    complete before the old one goes) is refused before anything is written."""
     out_dir = check_location(out_dir)
+    if need_bytes is not None:
+        check_free_disk(out_dir.parent, need_bytes + WRITE_MARGIN_BYTES, f"write {out_dir}",
+                        fix="Free some space or choose another output location.")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with named_disk_errors(out_dir):
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -316,13 +322,30 @@ def write_json_atomic(path: str | Path, payload: Any, *, fsync: bool = False, **
     write_text_atomic(path, json.dumps(payload, **dumps) + ("\n" if dumps.get("indent") else ""), fsync=fsync)
 
 
-def check_free_disk(root: Path, need_bytes: int, what: str, error: type[Exception]) -> None:
-    """Refuse before starting when `root` has less than `need_bytes` free (`what`: 'fetch X', ...)."""
-    root.mkdir(parents=True, exist_ok=True)
-    free, gib = shutil.disk_usage(root).free, float(1 << 30)
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+#: room left beside what a writer counts (its JSON files, the file system's own blocks)
+WRITE_MARGIN_BYTES = 1 << 20
+
+
+def check_free_disk(root: str | Path, need_bytes: int, what: str, error: type[Exception] = ConfigError, *,
+                    fix: str = "Free some space or point BLOCKDRAFT_HOME elsewhere.") -> None:
+    """Refuse before starting when the file system `root` lies on (its nearest existing folder: nothing is
+    created) has less than `need_bytes` free (`what`: 'fetch X', 'save the drafter to D', ...)."""
+    root = Path(root).expanduser().absolute()
+    existing = next((p for p in (root, *root.parents) if p.is_dir()), None)
+    if existing is None:
+        return
+    free = shutil.disk_usage(existing).free
     if free < need_bytes:
-        raise error(f"not enough free disk to {what}: needs about {need_bytes / gib:.1f} GiB in {root}, "
-                    f"{free / gib:.1f} GiB free. Free some space or point BLOCKDRAFT_HOME elsewhere.")
+        raise error(f"not enough free disk to {what}: needs about {human_bytes(need_bytes)} in {root}, "
+                    f"{human_bytes(free)} free. {fix}")
 
 
 def file_sha256(path: str | Path) -> str:

@@ -520,3 +520,47 @@ def test_a_disk_error_anywhere_else_is_named_by_the_cli(root, tmp_path, monkeypa
                  "--out", str(tmp_path / "r.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "read-only" in err and "Traceback" not in err
+
+
+def test_a_short_disk_is_refused_before_the_work(root, tmp_path, monkeypatch, capsys):
+    """Drafter saves, exports and training runs count the bytes they will write (tensors, AdamW's moments,
+    the checkpoints kept) and refuse a file system without that room by name, before writing anything."""
+    from blockdraft.files import shutil as files_shutil
+
+    real = files_shutil.disk_usage
+    free = {"bytes": 10 << 10}
+
+    def disk_usage(path):
+        usage = real(path)
+        return type(usage)(usage.total, usage.used, free["bytes"])
+
+    monkeypatch.setattr(files_shutil, "disk_usage", disk_usage)
+    init = ["init-drafter", "--target", str(root / "target"), "--block-size", "4", "--dtype", "fp32"]
+    assert main(init + ["--out", str(tmp_path / "d")]) == 2
+    assert "not enough free disk to write" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() and not list(tmp_path.glob(".d.*"))
+    # the run is refused at setup, before its first step: no checkpoint, no metrics
+    assert main(["train", "--config", str(_recipe(root, tmp_path)), f"out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "not enough free disk to train into" in err and "optimizer state" in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    # the disk fills during the run: the next checkpoint is refused before a byte of it is written
+    def filling(path):
+        usage = disk_usage(path)
+        free["bytes"] = 10 << 10  # full after the run's check at setup
+        return usage
+
+    free["bytes"] = 1 << 40
+    monkeypatch.setattr(files_shutil, "disk_usage", filling)
+    assert main(["train", "--config", str(_recipe(root, tmp_path)), f"out_dir={tmp_path / 'run2'}"]) == 2
+    err = capsys.readouterr().err
+    assert "not enough free disk to write the step-1 checkpoint" in err and "--resume" in err, err
+    assert not list((tmp_path / "run2").glob(".train_state.*")) and not (tmp_path / "run2" / "latest.json").exists()
+    # an export of a drafter written while the disk had room
+    free["bytes"] = 1 << 40
+    monkeypatch.setattr(files_shutil, "disk_usage", disk_usage)
+    assert main(init + ["--out", str(tmp_path / "d")]) == 0
+    free["bytes"] = 10 << 10
+    assert main(["export", str(tmp_path / "d"), "--for", "zlab", "--out", str(tmp_path / "e")]) == 2
+    assert "not enough free disk to write" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists() and not list(tmp_path.glob(".e.*"))

@@ -57,6 +57,11 @@ def head_prefix(name: str) -> str:
     return f"{name}_head."
 
 
+def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """The bytes a safetensors file of `state` holds (its tensors; the header is small)."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+
+
 def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: Mapping[str, Any] | None = None,
                  heads: Mapping[str, nn.Module] | None = None, overwrite: bool = False) -> None:
     """Write the released format. `extra_files` maps file names to JSON-able objects (e.g. a training config).
@@ -81,7 +86,7 @@ def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: M
         for name, obj in (extra_files or {}).items():
             (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
-    atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
+    atomic_write_folder(Path(out_dir), write, overwrite=overwrite, need_bytes=state_bytes(state))
 
 
 _NOTED: set[str] = set()

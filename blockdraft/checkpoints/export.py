@@ -37,7 +37,7 @@ from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import check_compatible
 from ..files import atomic_write_folder
 from ..target import Target
-from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
+from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
 CONSUMERS = ("zlab", "vllm", "sglang", "llama.cpp")  # llama.cpp: a GGUF file (engines/llamacpp_export.py)
 
@@ -118,7 +118,7 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
         (folder / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 
-    atomic_write_folder(Path(out_dir), write, overwrite=overwrite)
+    atomic_write_folder(Path(out_dir), write, overwrite=overwrite, need_bytes=state_bytes(state))
     return notes
 
 

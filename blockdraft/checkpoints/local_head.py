@@ -16,7 +16,7 @@ from ..config import LOCAL_HEAD_FORMAT, ConfigError
 from ..drafters.local_head import (DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SMOOTHING, DeLSFusionHead,
                                    LocalHead, LocalHeadConfig, UnigramPrior, attach_fusion_head)
 from ..files import atomic_write_folder
-from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_strict
+from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_strict, state_bytes
 
 
 def save_local_head(out_dir: str | Path, head: LocalHead, prior: UnigramPrior, *,
@@ -33,7 +33,7 @@ def save_local_head(out_dir: str | Path, head: LocalHead, prior: UnigramPrior, *
         (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
 
-    atomic_write_folder(Path(out_dir), write)
+    atomic_write_folder(Path(out_dir), write, need_bytes=state_bytes(state))
 
 
 def load_local_head(path: str | Path) -> tuple[LocalHead, UnigramPrior]:

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from ..checkpoints import save_drafter
+from ..checkpoints.dflash import state_bytes
 from ..config import ConfigError, DFlashConfig
-from ..files import named_disk_errors, write_json_atomic
+from ..files import WRITE_MARGIN_BYTES, check_free_disk, named_disk_errors, write_json_atomic
 from .config import TrainConfig
 
 
@@ -33,6 +34,8 @@ def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlas
     """`heads` (name -> module) go into the same file under `{name}_head.` (`checkpoints.save_drafter`).
     `data_fingerprint` (the tokenised data's) is what a resume must find again."""
     folder = out_dir / "checkpoints" / f"step_{step:06d}"
+    check_free_disk(out_dir, checkpoint_bytes(model, heads, optimizer) + WRITE_MARGIN_BYTES,
+                    f"write the step-{step} checkpoint", fix=_ROOM_FIX)
     # The optimizer state goes in through a temporary file so the folder rename stays the commit point.
     # Plain containers, tensors and numbers only: `load_train_state` reads it with weights_only=True.
     staging = out_dir / f".train_state.{step}.pt"
@@ -44,6 +47,35 @@ def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlas
     write_json_atomic(out_dir / "latest.json", {"step": step, "path": str(folder.relative_to(out_dir))})
     _prune(out_dir / "checkpoints", keep=config.keep_checkpoints, current=folder)
     return folder
+
+
+_ROOM_FIX = ("Free some space, lower keep_checkpoints, or choose another out_dir; --resume continues from the "
+             "last checkpoint written.")
+
+
+def checkpoint_bytes(model: torch.nn.Module, heads: dict[str, torch.nn.Module] | None,
+                     optimizer: torch.optim.Optimizer) -> int:
+    """What one checkpoint writes: the drafter's tensors (heads included) and the optimizer's state, counted
+    as AdamW keeps it after its first step (two moments per trained tensor) when it is still empty."""
+    weights = state_bytes(model.state_dict()) + sum(state_bytes(head.state_dict()) for head in (heads or {}).values())
+    moments = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            kept = optimizer.state.get(param)
+            moments += (sum(v.numel() * v.element_size() for v in kept.values() if torch.is_tensor(v)) if kept
+                        else 2 * param.numel() * param.element_size())
+    return weights + moments
+
+
+def check_room_for_run(out_dir: Path, model: torch.nn.Module, heads: dict[str, torch.nn.Module] | None,
+                       optimizer: torch.optim.Optimizer, keep_checkpoints: int) -> None:
+    """Before the first step: room for the checkpoints the run keeps (one more while the newest is written,
+    less those already there) and the final drafter, so a short disk is refused now, not hours later."""
+    present = len([p for p in (out_dir / "checkpoints").glob("step_*") if p.is_dir()])
+    one = checkpoint_bytes(model, heads, optimizer)
+    need = max(1, keep_checkpoints + 1 - present) * one + state_bytes(model.state_dict()) + WRITE_MARGIN_BYTES
+    check_free_disk(out_dir, need, f"train into {out_dir} ({max(1, keep_checkpoints + 1 - present)} checkpoint(s) "
+                    "of the drafter and its optimizer state, and the final drafter)", fix=_ROOM_FIX)
 
 
 def _prune(folder: Path, *, keep: int, current: Path) -> None:

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError
 from ..data.conversations import TokenizedConversation, TokenizedDataset, fingerprint_of
-from ..files import write_json_atomic
+from ..files import human_bytes, write_json_atomic
 
 FORMAT = "blockdraft-features/1"
 INDEX_FILE, DATA_FILE = "index.json", "features.bin"
@@ -59,14 +59,6 @@ _ABSENT = {"topk": 0, "logprob_dtype": None, "target_shape": None}
 
 class FeatureCacheError(ConfigError):
     """A feature cache that cannot be written or used as asked; the message says what to do."""
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024:
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    return f"{count:.1f} TiB"
 
 
 def _read_index(out_dir: Path) -> dict | None:

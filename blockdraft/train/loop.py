@@ -36,7 +36,8 @@ from ..files import LOCK_NAME, check_out_dir, folder_lock
 from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss, selector_ce, selector_weight, with_selector
 from ..target import Target, load_target
 from .batch import TeacherForcedBatch, teacher_forced_batch
-from .checkpoint import TrainingError, check_same_data, latest_checkpoint, load_train_state, save_checkpoint
+from .checkpoint import (TrainingError, check_room_for_run, check_same_data, latest_checkpoint, load_train_state,
+                         save_checkpoint)
 from .config import TrainConfig
 from .data import TrainingData, sequence_indices
 from .distributed import Distributed
@@ -207,6 +208,7 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
               use_autocast=config.autocast(device),
               logs_base="base_logits" in inspect.signature(loss_fn).parameters)
     if dist_info.is_main:
+        check_room_for_run(out_dir, model, heads, optimizer, config.keep_checkpoints)
         _print_banner(run)
     return run
 
