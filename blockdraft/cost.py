@@ -21,9 +21,13 @@ Each reads only what is known before the tokens it keeps are checked, so each st
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import statistics
+import time
 import weakref
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -53,14 +57,68 @@ def k_points(max_k: int) -> list[int]:
     return sorted({0, 1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
 
 
+@dataclass
+class TimingBudget:
+    """What the verify-cost timings did under a `timing_deadline`."""
+
+    deadline: float | None  # a time.monotonic() value; None: no limit
+    share: float  # of the time left before the deadline that one full set of timings may take
+    notes: list[str] = field(default_factory=list)  # one per curve timed coarsely, for the report
+    spent_s: float = 0.0  # wall time spent timing passes
+
+
+_BUDGET: contextvars.ContextVar[TimingBudget | None] = contextvars.ContextVar("timing_deadline", default=None)
+
+
+@contextlib.contextmanager
+def timing_deadline(deadline: float | None, share: float = 0.5) -> Iterator[TimingBudget]:
+    """Within, `measure_verify_cost` times its full set of pass lengths only when that is estimated to take
+    at most `share` of the time left before `deadline` (a `time.monotonic()` value); otherwise, and once the
+    deadline has passed, it times only the shortest and the longest pass, once each, and interpolates
+    linearly between them: a slow machine's setup cannot eat a benchmark's time. Yields the `TimingBudget`
+    (its notes say which curves are coarse, and `spent_s` the time all the timings took)."""
+    budget = TimingBudget(deadline, share)
+    token = _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.reset(token)
+
+
 @torch.inference_mode()
 def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, rows: int = 1, context: int = 64,
                         seed: int = 0) -> dict[int, float]:
     """Median seconds of a verify pass over `rows` rows of k + 1 new tokens each after `context` cached
-    tokens per row, for each k: the round of k proposals, timed on the running machine."""
+    tokens per row, for each k: the round of k proposals, timed on the running machine (under a
+    `timing_deadline` that the full set would overrun: the two ends, interpolated)."""
     if repeats < 1 or not ks or min(ks) < 0 or rows < 1:
         raise ConfigError(f"measure_verify_cost needs repeats >= 1, ks >= 0 and rows >= 1, got repeats {repeats}, "
                           f"ks {list(ks)}, rows {rows}")
+    budget = _BUDGET.get()
+    if budget is None:
+        return _time_passes(target, ks, repeats, rows, context, seed)
+    started = time.perf_counter()
+    try:
+        if budget.deadline is not None and len(set(ks)) > 2:
+            ends = sorted({min(ks), max(ks)})
+            coarse = _time_passes(target, ends, 1, rows, context, seed)
+            ends_s = [coarse[k] for k in ends]
+            full_s = (repeats + 1) * sum(float(np.interp(k, ends, ends_s)) for k in ks)  # a warm-up round + repeats
+            left_s = budget.deadline - time.monotonic()
+            if full_s > budget.share * left_s:
+                budget.notes.append(
+                    f"verify passes of {rows} row(s) timed at k = {ends[0]} and {ends[-1]} only, the {len(set(ks)) - 2} "
+                    f"other length(s) interpolated: timing them all (~{full_s:.0f} s) "
+                    + (f"would take more than {budget.share:.0%} of the {left_s:.0f} s left before the deadline"
+                       if left_s > 0 else "would start past the deadline"))
+                return {k: float(np.interp(k, ends, ends_s)) for k in ks}
+        return _time_passes(target, ks, repeats, rows, context, seed)
+    finally:
+        budget.spent_s += time.perf_counter() - started
+
+
+def _time_passes(target: Target, ks: Sequence[int], repeats: int, rows: int, context: int,
+                 seed: int) -> dict[int, float]:
     if rows > 1:
         target.check_batchable()
     generator = torch.Generator().manual_seed(seed)

@@ -549,6 +549,10 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
                          f"(docs/studies/README.md).")
     lines.append("")
     lines.append(lossless_sentence(lossless))
+    session = (results.get("sessions") or [{}])[-1]
+    cuts = [*(session.get("verify_cost") or []), *(session.get("cut") or [])]
+    if cuts:  # what the benchmark's share of the budget did not cover, setup included (bench/report.md too)
+        lines += ["", "Short of time, the benchmark cut: " + "; ".join(cuts) + "."]
     if facts.get("stage_minutes"):
         lines += ["", "Stage times: " + ", ".join(f"{name} {minutes:.1f} min"
                                                   for name, minutes in facts["stage_minutes"].items()) + "."]

@@ -385,7 +385,7 @@ def test_progress_shows_each_warm_up_and_each_method_done_within_a_prompt(assets
     assert lines.index(done[2]) < first_summary  # the methods' lines come before the prompt's summary
 
 
-def test_a_hard_deadline_skips_warm_ups_and_the_runs_left_of_the_first_prompt(assets, tmp_path):
+def test_a_hard_deadline_past_at_the_start_measures_nothing_and_says_so(assets, tmp_path):
     import time
 
     lines = []
@@ -394,6 +394,74 @@ def test_a_hard_deadline_skips_warm_ups_and_the_runs_left_of_the_first_prompt(as
                          threads=1)
     results = bench_module.run_bench(config, tmp_path / "hard", log=lines.append, deadline=time.monotonic() - 1,
                                      hard_deadline=True)
-    assert [r["method"] for r in results["records"]] == ["ar"]  # the first run only, nothing after the deadline
-    assert any("warm-ups 1-2 skipped" in line for line in lines)
-    assert any("1 of 2 run(s) measured" in line for line in lines)
+    assert results["records"] == []  # no warm-up and no run starts past the deadline
+    assert any("before warm-ups 1-2, which were skipped" in line for line in lines)
+    assert any("after 0 of 2 prompt(s)" in line for line in results["sessions"][-1]["cut"])
+    assert "Cut by the deadline" in (tmp_path / "hard" / "report.md").read_text()
+
+
+def _fake_clock(monkeypatch):
+    """time.monotonic() plus an offset the test moves (the bench and the cost timings read this clock)."""
+    import time
+
+    real, clock = time.monotonic, {"offset": 0.0}
+    monkeypatch.setattr(bench_module.time, "monotonic", lambda: real() + clock["offset"])
+    return clock
+
+
+def test_the_deadline_covers_the_setup_a_slow_load_gets_coarse_cost_curves(assets, tmp_path, monkeypatch):
+    """A load that took 2 of the 1 minute given: the tree's verify-cost curve is timed at its two ends only
+    (interpolated between), the first prompt is still measured (--max-minutes), and the report says both."""
+    from blockdraft import cost
+
+    clock = _fake_clock(monkeypatch)
+    real_load, timed = bench_module.load_target, []
+
+    def slow_load(*args, **kwargs):
+        target = real_load(*args, **kwargs)
+        clock["offset"] += 120.0
+        return target
+
+    real_passes = cost._time_passes
+    monkeypatch.setattr(bench_module, "load_target", slow_load)
+    monkeypatch.setattr(cost, "_time_passes", lambda target, ks, *a: timed.append(list(ks)) or real_passes(target, ks, *a))
+    config = BenchConfig(target=str(assets / "target"), methods=(f"dflash:{assets / 'dflash'},tree=measured",),
+                         datasets=(f"humaneval={assets / 'he.jsonl'}",), n=2, max_new_tokens=6, dtype="fp32", threads=1)
+    out = tmp_path / "b"
+    results = bench_module.run_bench(config, out, deadline=bench_module.time.monotonic() + 60, log=lambda m: None)
+    assert timed and all(len(ks) <= 2 for ks in timed), timed
+    session = results["sessions"][-1]
+    assert "k = 0 and 64 only" in session["verify_cost"][0] and "past the deadline" in session["verify_cost"][0]
+    assert {r["prompt_id"] for r in results["records"]} == {"T/0"}  # at least one prompt under --max-minutes
+    assert any("after 1 of 2 prompt(s)" in text for text in session["cut"])
+    report = (out / "report.md").read_text()
+    assert "Short of time" in report and "Cut by the deadline" in report
+    # without a deadline the full curve is timed
+    timed.clear()
+    bench_module.run_bench(config, tmp_path / "c", log=lambda m: None)
+    assert max(len(ks) for ks in timed) > 2
+
+
+def test_a_hard_deadline_starts_no_run_that_would_end_after_it(assets, tmp_path, monkeypatch):
+    """Every generation takes 10 (fake) seconds: with 35 s, the two warm-ups and one run fit; the second
+    method's run and the second prompt are not started, and results.json and the report say so."""
+    clock = _fake_clock(monkeypatch)
+    real_run = bench_module.run_or_fail
+
+    def ten_seconds(*args, **kwargs):
+        clock["offset"] += 10.0
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(bench_module, "run_or_fail", ten_seconds)
+    config = BenchConfig(target=str(assets / "target"), methods=("ar", "lookup"),
+                         datasets=(f"humaneval={assets / 'he.jsonl'}",), n=2, max_new_tokens=16, dtype="fp32",
+                         threads=1)
+    out = tmp_path / "b"
+    deadline = bench_module.time.monotonic() + 35
+    results = bench_module.run_bench(config, out, deadline=deadline, hard_deadline=True, log=lambda m: None)
+    assert bench_module.time.monotonic() <= deadline
+    assert [(r["prompt_id"], r["method"]) for r in results["records"]] == [("T/0", "ar")]
+    cut = results["sessions"][-1]["cut"]
+    assert any("within humaneval T/0" in text and "lookup" in text for text in cut), cut
+    assert any("after 1 of 2 prompt(s)" in text for text in cut), cut
+    assert "lookup" in (out / "report.md").read_text().split("Cut by the deadline")[1]

@@ -139,3 +139,9 @@ def test_the_summary_words_follow_the_data(tmp_path):
     assert f"identical for all 2 checked method(s) (`{trained}`, `{hybrid}`)" in summary
     assert f"Not checked (out of time): `{shipped}`" in summary
     assert "cached 5 of them" in summary and "benchmarked on 2 prompt(s) in fp32" in summary
+    assert "cut" not in summary.split("Stage times")[0].lower()
+    # what the benchmark's deadline cut (its setup included) is said in the summary too
+    results["sessions"] = [{"verify_cost": ["verify passes of 1 row(s) timed at k = 0 and 64 only"],
+                            "cut": ["out of time after 1 of 2 prompt(s)"]}]
+    summary = write_summary(tmp_path, results, lossless, 60.0, facts).read_text()
+    assert "the benchmark cut: verify passes of 1 row(s) timed at k = 0 and 64 only; out of time after 1" in summary

@@ -53,6 +53,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_types, check_ranges
+from ..cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import default_device, load_target, native_bf16
@@ -290,26 +291,32 @@ def _stderr(message: str) -> None:
 
 def measure_prompt(dataset: str, prompt: Prompt, runners: list, tokenizer, config: BenchConfig, *,
                    rotation: int = 0, progress: Callable[[list[dict]], None] | None = None,
-                   stop_at: float | None = None) -> list[dict]:
+                   stop_at: float | None = None, run_s: dict[int, float] | None = None) -> list[dict]:
     """All turns of one prompt with every runner, interleaved; each runner keeps its own chat history.
 
     The runners start at index `rotation` (the caller shifts it by one per prompt), so that no
     method always runs right after the same other one. `progress` sees the records so far after each run.
-    Past `stop_at` (a `time.monotonic()` value) no further run starts: the prompt keeps the runs it has.
+    With `stop_at` (a `time.monotonic()` value) no run starts that would end after it, by `run_s` (runner
+    index -> seconds of its last run, updated here), nor any run past it: the prompt keeps the runs it has.
     """
     histories: dict[int, list[dict[str, str]]] = {i: [] for i in range(len(runners))}
+    run_s = {} if run_s is None else run_s
+    left_out: set[int] = set()  # a runner skipped at one turn has no history for the next
     sha = prompt_sha256(prompt)
     records = []
     order = [(i + rotation) % len(runners) for i in range(len(runners))]
     for turn, text in enumerate(prompt.turns):
         for index in order:
-            if stop_at is not None and records and time.monotonic() > stop_at:
-                return records
+            if index in left_out or stop_at is not None and (records or index in run_s) and \
+                    time.monotonic() + run_s.get(index, 0.0) > stop_at:
+                left_out.add(index)
+                continue  # a shorter run may still fit; the caller records which runs are missing
             runner = runners[index]
             messages = histories[index] + [{"role": "user", "content": text}]
-            started_at = time.time()
+            started_at, started = time.time(), time.monotonic()
             measurement = run_or_fail(runner, render_chat(tokenizer, messages), max_new_tokens=config.max_new_tokens,
                                       seed=config.seed)
+            run_s[index] = time.monotonic() - started
             if measurement is None:  # an external engine failed: recorded in results.json's methods
                 continue
             answer = tokenizer.decode(measurement.tokens, skip_special_tokens=True)
@@ -389,24 +396,43 @@ def _open_session(config: BenchConfig, existing: dict | None, records: list[dict
     return target, runners, results, session
 
 
+def _cut(session: dict, log: Callable[[str], None], text: str) -> None:
+    """What the deadline left out, logged and kept in the session (the report lists it)."""
+    session.setdefault("cut", []).append(f"out of time {text}")
+    log(f"bench: out of time {text}")
+
+
 def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, results: dict, session: dict,
-                     out_dir: Path, log: Callable[[str], None], deadline: float | None, hard: bool = False) -> None:
-    """One request at a time: every pending prompt with every runner, interleaved. `hard`: the deadline
-    also skips the warm-ups left and the runs left of the prompt it falls in."""
+                     out_dir: Path, log: Callable[[str], None], deadline: float | None, hard: bool = False,
+                     timing: TimingBudget | None = None) -> None:
+    """One request at a time: every pending prompt with every runner, interleaved. `hard`: no warm-up starts
+    past the deadline, and no run starts that its estimate (the warm-up scaled to --max-new-tokens, then
+    its last measured run) says would end after it; after the first prompt, no prompt starts that would.
+    `timing`: the verify-cost timings (lazy, inside a warm-up), kept out of the warm-ups' estimates."""
     stop_at = deadline if hard else None
+    run_s: dict[int, float] = {}  # runner index -> estimated seconds of one measured run
     first = render_chat(target.tokenizer, [{"role": "user", "content": pending[0][2].turns[0]}])
+    warm_tokens = min(WARMUP_TOKENS, config.max_new_tokens)
     for number, runner in enumerate(runners, 1):  # warm-up: first-call allocations and lazy inits stay out of the timings
         if stop_at is not None and time.monotonic() > stop_at:
-            log(f"bench: out of time: warm-ups {number}-{len(runners)} skipped")
+            _cut(session, log, f"before warm-ups {number}-{len(runners)}, which were skipped")
             break
-        warm_started = time.monotonic()
-        run_or_fail(runner, first, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
-        log(f"bench: warm-up {number}/{len(runners)} {_label(runner.method, runner.block_size)} "
-            f"({time.monotonic() - warm_started:.1f} s)")
+        warm_started, timed_before = time.monotonic(), timing.spent_s if timing else 0.0
+        run_or_fail(runner, first, max_new_tokens=warm_tokens, seed=config.seed)
+        warm_s = time.monotonic() - warm_started
+        # the cost-curve timing a first call may do is not part of a run
+        run_s[number - 1] = max(0.0, warm_s - ((timing.spent_s - timed_before) if timing else 0.0)) * \
+            config.max_new_tokens / warm_tokens
+        log(f"bench: warm-up {number}/{len(runners)} {_label(runner.method, runner.block_size)} ({warm_s:.1f} s)")
     last_prompt_s = 0.0
     for number, (position, name, prompt) in enumerate(pending, 1):
-        if deadline is not None and number > 1 and time.monotonic() + last_prompt_s > deadline:
-            log(f"bench: out of time after {number - 1} of {len(pending)} prompt(s); re-run to measure the rest")
+        now = time.monotonic()
+        estimate = last_prompt_s if number > 1 else 0.0
+        if hard and number > 1:
+            estimate = max(estimate, sum(run_s.values()) * len(prompt.turns))
+        if deadline is not None and (number > 1 or hard and now > deadline) and now + estimate > deadline:
+            _cut(session, log, f"after {number - 1} of {len(pending)} prompt(s): the next would take ~{estimate:.0f} "
+                 f"s, {max(0.0, deadline - now):.0f} s were left; re-run to measure the rest")
             break
         prompt_started = time.monotonic()
 
@@ -419,10 +445,21 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
                 f"{turn} {_speed(last):.1f} tok/s")
 
         new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners),
-                             progress=progress, stop_at=stop_at)
+                             progress=progress, stop_at=stop_at, run_s=run_s)
         if len(new) < len(runners) * len(prompt.turns):
-            log(f"bench: out of time within {name} {prompt.id}: {len(new)} of {len(runners) * len(prompt.turns)} "
-                "run(s) measured, the rest left out")
+            done = {(r["method"], r["block_size"], r["turn"]) for r in new}
+            missing = [f"{_label(r.method, r.block_size)}" + (f" turn {turn + 1}" if len(prompt.turns) > 1 else "")
+                       for turn in range(len(prompt.turns)) for r in runners
+                       if (r.method, r.block_size, turn) not in done and not getattr(r, "failed", None)]
+            if missing:
+                _cut(session, log, f"within {name} {prompt.id}: {len(new)} of {len(runners) * len(prompt.turns)} "
+                     f"run(s) measured; not started, as each would have ended past the deadline: "
+                     f"{', '.join(missing)}")
+        if not new and hard:
+            if number < len(pending):
+                _cut(session, log, f"after {number - 1} of {len(pending)} prompt(s): not even one run fitted; "
+                     "re-run with more time")
+            break
         last_prompt_s = time.monotonic() - prompt_started
         results["records"].extend(new)
         session["prompts_measured"] += 1
@@ -458,23 +495,29 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
         batched = pending_batches(prompt_sets, config.batch_sizes, records)
         pending = [(0, name, prompt) for _, name, _, group in batched for prompt in group]
     if pending:
-        target, runners, results, session = _open_session(config, existing, records, pending, out_dir, log)
-        try:
-            if config.batch_sizes:
-                measure_batches(batched, runners, target.tokenizer, config, results, session,
-                                lambda: write_results(out_dir / RESULTS, results), log, deadline)
-            else:
-                _measure_prompts(pending, runners, target, config, results, session, out_dir, log, deadline,
-                                 hard=hard_deadline)
-        except BaseException:
-            if results["records"]:  # results.json never stands without the report of what it holds
-                from .report import write_report
+        # The deadline covers the setup too: loading, and timing verify-cost curves (coarse when short of time).
+        with timing_deadline(deadline) as timing:
+            target, runners, results, session = _open_session(config, existing, records, pending, out_dir, log)
+            try:
+                if config.batch_sizes:
+                    measure_batches(batched, runners, target.tokenizer, config, results, session,
+                                    lambda: write_results(out_dir / RESULTS, results), log, deadline)
+                else:
+                    _measure_prompts(pending, runners, target, config, results, session, out_dir, log, deadline,
+                                     hard=hard_deadline, timing=timing)
+            except BaseException:
+                if results["records"]:  # results.json never stands without the report of what it holds
+                    from .report import write_report
 
-                write_report(results, out_dir)
-            raise
-        finally:
-            close_runners(runners)  # no llama-server outlives the bench
-            write_results(out_dir / RESULTS, results)  # with any method's failure recorded
+                    write_report(results, out_dir)
+                raise
+            finally:
+                close_runners(runners)  # no llama-server outlives the bench
+                if timing.notes:
+                    session["verify_cost"] = list(timing.notes)
+                    for note in timing.notes:
+                        log(f"bench: short of time: {note}")
+                write_results(out_dir / RESULTS, results)  # with any method's failure recorded
     else:
         log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")
     from .report import write_report

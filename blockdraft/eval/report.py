@@ -122,6 +122,14 @@ def _header(results: Mapping) -> list[str]:
                 f"{', '.join(differ)}; timings mix machines or settings." if differ else
                 f"Measured over {len(sessions)} sessions (resumed) in the same environment.")
         lines += [note, ""]
+    # What a deadline (--max-minutes, the quickstart's budget) cut: coarse verify-cost curves, runs, prompts
+    for number, session in enumerate(sessions, 1):
+        where = f" (session {number})" if len(sessions) > 1 else ""
+        lines += [f"**Short of time{where}:** {note}; the cost rule read that curve." for note in
+                  session.get("verify_cost") or []]
+        lines += [f"**Cut by the deadline{where}:** {text}." for text in session.get("cut") or []]
+        if session.get("verify_cost") or session.get("cut"):
+            lines.append("")
     return lines
 
 
