@@ -409,6 +409,9 @@ def test_server_arguments_per_mode():
         server_arguments(parse_llamacpp("dflash=D"), {**facts, "markov": True})
     dspark = server_arguments(parse_llamacpp("dspark=D,conf_min=0.4"), {**facts, "markov": True})
     assert "draft-dspark" in dspark and dspark[-1] == "0.4"
+    combined = server_arguments(parse_llamacpp("dflash=D,ngram=mod"), facts)
+    assert combined[:2] == ["--spec-type", "draft-dflash,ngram-mod"]
+    assert server_arguments(parse_llamacpp("dflash=D,ngram=off"), facts)[:2] == ["--spec-type", "draft-dflash"]
 
 
 class CharTokenizer:

@@ -13,6 +13,8 @@ an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached 
 - `llamacpp:dspark=DRAFTER[,conf_min=P,n_max=N]`: a drafter with a Markov head (and confidence head) as
   `--spec-type draft-dspark`; `conf_min` is llama.cpp's `--spec-draft-p-min`, truncating the block at the
   first slot whose predicted acceptance is below P.
+- `ngram=mod` on either draft mode combines it with ngram-mod (`--spec-type draft-dflash,ngram-mod`): the
+  n-gram draft wins where it has one, the drafter drafts the other rounds (like our `hybrid:` fallback).
 
 `arch=auto|native|llama` (every mode): which llama.cpp graph runs the target. llama.cpp 11434's `qwen2`
 graph does not expose the layer hidden states a DFlash draft reads, so with `auto` (the default) a draft
@@ -47,8 +49,8 @@ MODES = ("plain", "ngram-mod", "dflash", "dspark")
 OPTIONS = {
     "plain": {"gguf", "arch"},
     "ngram-mod": {"gguf", "arch", "n_match", "n_min", "n_max"},
-    "dflash": {"gguf", "arch", "n_max", "drop_bias"},
-    "dspark": {"gguf", "arch", "n_max", "conf_min", "drop_bias"},
+    "dflash": {"gguf", "arch", "n_max", "drop_bias", "ngram"},
+    "dspark": {"gguf", "arch", "n_max", "conf_min", "drop_bias", "ngram"},
 }
 def _gguf(text: str) -> str:
     if text not in GGUF_CHOICES and not text.endswith(".gguf"):
@@ -64,6 +66,7 @@ OPTION_TABLE = {
     "n_max": Option("N", "a positive integer", positive_int),
     "conf_min": Option("P", "a number in [0, 1]", unit_interval),
     "drop_bias": Option("on|off", "on or off", one_of("on", "off")),
+    "ngram": Option("off|mod", "off or mod", one_of("off", "mod"), "off"),
     "arch": Option("auto|native|llama", "auto, native or llama", one_of("auto", "native", "llama"), "auto"),
 }
 TOKENIZER_PROBE = "def add(a, b):\n    return a + b  # naïve 数字 ✓\n\n<|im_start|>user"
@@ -180,7 +183,10 @@ def server_arguments(spec: LlamaCppSpec, facts: dict | None) -> list[str]:
         n_max = int(spec.options.get("n_max", facts["max_drafts"]))
         if n_max > facts["max_drafts"]:
             raise EngineError(f"n_max={n_max} exceeds the drafter's {facts['max_drafts']} proposals per block")
-        args += ["--spec-type", f"draft-{spec.mode}", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
+        # ngram=mod: llama.cpp's n-gram drafting first, the draft model where it has nothing (its rule:
+        # "a draftless decoding has higher precedence")
+        types = f"draft-{spec.mode}" + (",ngram-mod" if spec.options.get("ngram") == "mod" else "")
+        args += ["--spec-type", types, "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
                  "--spec-draft-p-min", spec.options.get("conf_min", "0")]
     return args
 
