@@ -238,8 +238,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
     parser.add_argument("--method", default=None, metavar="SPEC",
                         help="the drafter in bench's words: ar, small-ar[:NAME], dflash:PATH[,option=value...], "
-                             "lookup[:CORPUS.jsonl][,...], hybrid:lookup+small-ar+dflash=PATH[,...] (docs/benchmarks.md); "
-                             "the flags below are shorthand for one")
+                             "lookup[:CORPUS.jsonl][,...], hybrid:lookup+small-ar+dflash=PATH[,...] "
+                             "(docs/benchmarks.md); the flags below are shorthand for one")
     parser.add_argument("--drafter", help="DFlash drafter checkpoint folder (shorthand for --method dflash:DIR)")
     parser.add_argument("--draft-model", help="small causal LM (folder or asset name) for the small-AR baseline")
     parser.add_argument("--num-proposals", type=_proposal_count, default=None, metavar="K|measured",

@@ -47,7 +47,6 @@ from ..checkpoints import load_drafter
 from ..config import ConfigError
 from ..cost import measure_verify_cost
 from ..target import Target, load_target
-from .base import Drafter
 from .headed import HeadedDrafter
 from .lookup import CorpusIndex, LookupDrafter
 from .pruning import Pruning
