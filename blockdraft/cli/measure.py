@@ -121,8 +121,10 @@ def add_bench(sub) -> None:
                        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
     p.add_argument("--method", nargs="+", required=True, metavar="M",
-                   help="ar, small-ar[:NAME_OR_PATH], dflash:PATH (repeatable), hf-assisted[:NAME_OR_PATH], "
-                        "hf-prompt-lookup[:N]; ar is always added as the baseline")
+                   help="drafters of our loop in the grammar `generate --method` reads (ar, small-ar[:NAME_OR_PATH], "
+                        "dflash:PATH, lookup[:CORPUS.jsonl], hybrid:lookup+small-ar+dflash=PATH, each with "
+                        "[,option=value...]) and peers (hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N], "
+                        "llamacpp[...]); docs/benchmarks.md; ar is always added as the baseline")
     p.add_argument("--dataset", nargs="+", required=True, metavar="D",
                    help="humaneval, mt-bench, gsm8k (fetched assets) or NAME=PATH for a local file in NAME's format")
     p.add_argument("--n", type=int, default=None, help="first N prompts of each dataset (default: all)")
