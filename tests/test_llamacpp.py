@@ -496,3 +496,28 @@ def test_dflash_needs_a_target_architecture_exposing_layer_states(tmp_path):
     llamacpp_export.check_dflash_target(tmp_path / "qwen3.gguf", tmp_path / "tree")
     with pytest.raises(EngineError, match="cannot draft with DFlash for a 'qwen2' target"):
         llamacpp_export.check_dflash_target(tmp_path / "qwen2.gguf", tmp_path / "tree")
+
+
+def test_report_reads_every_run_against_llamacpp_plain():
+    from blockdraft.eval.report import _speed_section, engine_baseline
+
+    def record(method, prompt, seconds, calls=None):
+        return {"dataset": "humaneval", "prompt_id": str(prompt), "turn": 0, "method": method, "block_size": None,
+                "tokens": list(range(11)), "decode_s": seconds, "rounds": None, "target_calls": calls}
+
+    records = []
+    for prompt in range(4):  # llama.cpp plain twice as fast as ours, its dflash draft half its speed
+        records += [record("ar", prompt, 2.0), record("llamacpp,gguf=q4_k_m,arch=llama", prompt, 1.0, 10),
+                    record("llamacpp,gguf=q4_k_m", prompt, 1.0, 10), record("llamacpp:dflash=D,gguf=q4_k_m", prompt, 2.0, 5)]
+    results = {"records": records}
+    assert engine_baseline([("ar", None), ("llamacpp,gguf=q4_k_m,arch=llama", None),
+                            ("llamacpp,gguf=q4_k_m", None)]) == ("llamacpp,gguf=q4_k_m", None)
+    assert engine_baseline([("ar", None), ("llamacpp:ngram-mod,gguf=q4_k_m", None)]) is None
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in _speed_section(results, []) if line.startswith("| `")}
+    assert rows["`ar`"][-1].startswith("0.50x") and rows["`llamacpp,gguf=q4_k_m`"][-1] == "1 (baseline)"
+    assert rows["`llamacpp:dflash=D,gguf=q4_k_m`"][-1].startswith("0.50x")
+    assert rows["`llamacpp:dflash=D,gguf=q4_k_m`"][2].startswith("1.00x")  # against ours: the same speed
+    assert "vs llama.cpp plain" in "\n".join(_speed_section(results, []))
+    results_without = {"records": [r for r in records if not r["method"].startswith("llamacpp,")]}
+    assert "vs llama.cpp plain" not in "\n".join(_speed_section(results_without, []))

@@ -12,6 +12,7 @@ from typing import Mapping
 
 from ..files import write_atomic, write_text_atomic
 from . import metrics as M
+from .batch_bench import batch_section
 
 PLOTS = ("tau.png", "speedup.png", "acceptance.png", "tau_vs_k.png")
 MAX_POSITIONS = 16  # acceptance tables show slots 1..16
@@ -139,9 +140,14 @@ def _speed_section(results: Mapping, plots: list[str]) -> list[str]:
              "excluded; 95% bootstrap intervals over prompts. HF peers: tau = tokens / target forward passes, "
              "decode time = generate() time minus a separately timed prompt pass (see Notes).", ""]
     slower, cautions = [], []
+    engine = engine_baseline(M.runs_in_order(results))
+    if engine is not None:
+        lines += [f"The last column reads every run against `{engine[0]}`, llama.cpp's plain decoding: what a CPU "
+                  "user would otherwise run.", ""]
     for dataset in _datasets(results):
         units = M.units_by_run(results, dataset)
         ar = units.get(("ar", None))
+        plain_engine = units.get(engine) if engine is not None else None
         rows = []
         for run, run_units in units.items():
             seconds, tokens = M.decode_counts(M.flat(run_units))
@@ -151,17 +157,30 @@ def _speed_section(results: Mapping, plots: list[str]) -> list[str]:
                 if speedup is not None and speedup.value < 1:
                     slower.append(f"`{M.run_label(run)}` ({speedup.value:.2f}x)")
                 cautions += speedup_cautions(M.run_label(run), tau, speedup)
-            rows.append([f"`{M.run_label(run)}`", str(len(run_units)), format_interval(tau),
-                         "1 (baseline)" if run == ("ar", None) else format_interval(speedup, "x"),
-                         _fmt(tokens / seconds if seconds > 0 else None, 1)])
-        lines += [f"### {dataset}", ""] + _table(["run", "prompts", "tau [95% CI]", "speedup vs ar [95% CI]",
-                                                  "decode tok/s"], rows) + [""]
+            row = [f"`{M.run_label(run)}`", str(len(run_units)), format_interval(tau),
+                   "1 (baseline)" if run == ("ar", None) else format_interval(speedup, "x"),
+                   _fmt(tokens / seconds if seconds > 0 else None, 1)]
+            if engine is not None:
+                row.append("1 (baseline)" if run == engine else
+                           format_interval(M.speedup_estimate(plain_engine, run_units) if plain_engine else None, "x"))
+            rows.append(row)
+        header = ["run", "prompts", "tau [95% CI]", "speedup vs ar [95% CI]", "decode tok/s"]
+        header += [] if engine is None else ["vs llama.cpp plain [95% CI]"]
+        lines += [f"### {dataset}", ""] + _table(header, rows) + [""]
     if slower:
         lines += [f"Slower than plain decoding on these prompts: {', '.join(slower)}.", ""]
     if cautions:
         lines += ["**Caution:**", ""] + [f"- {text}" for text in cautions] + [""]
     lines += [f"![{name}]({name})" for name in plots if name in ("tau.png", "speedup.png")] + [""]
     return lines
+
+
+def engine_baseline(runs: list) -> tuple | None:
+    """The llama.cpp plain-decoding run to read every run against (bench method `llamacpp[,gguf=...]`):
+    the target's own graph (`arch=` unset or native) when measured, else any plain llama.cpp run."""
+    plain = [run for run in runs if run[0].startswith("llamacpp,")]
+    native = [run for run in plain if "arch=llama" not in run[0]]
+    return (native or plain or [None])[0]
 
 
 def _acceptance_section(results: Mapping, plots: list[str]) -> list[str]:
@@ -306,10 +325,10 @@ NOTES = """## Notes
 def draw_plots(results: Mapping, out_dir: Path) -> list[str]:
     """Write the PNGs this data supports; returns their file names. Stale plots of ours are removed."""
     try:
-        import matplotlib
+        import matplotlib  # deferred: heavy to import, and only the plots need it (none without it)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: as matplotlib above
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         return []
@@ -401,8 +420,6 @@ def render_markdown(results: Mapping, plots: list[str]) -> str:
     if not results["records"]:
         return "\n".join(lines + ["No records yet.", ""])
     if results["config"].get("batch_sizes"):  # requests decoded together: their own section (eval/batch_bench.py)
-        from .batch_bench import batch_section
-
         return "\n".join(lines + batch_section(results)) + "\n" + NOTES
     lines += _speed_section(results, plots)
     lines += _acceptance_section(results, plots)
