@@ -52,6 +52,8 @@ OPTIONS = {
     "dflash": {"gguf", "arch", "n_max", "drop_bias", "ngram"},
     "dspark": {"gguf", "arch", "n_max", "conf_min", "drop_bias", "ngram"},
 }
+
+
 def _gguf(text: str) -> str:
     if text not in GGUF_CHOICES and not text.endswith(".gguf"):
         raise ValueError(text)
