@@ -170,6 +170,30 @@ class VerifyCost:
         return float(np.interp(k, self.ks_timed, per_k))
 
 
+class TargetVerifyCost:
+    """t_R(k) of one target at any row count: a `VerifyCost` timed at `row_points(R)` the first time a round
+    over more rows than it covers asks (each point timed once per target, `timed_costs`)."""
+
+    def __init__(self, target: Target, max_k: int):
+        self.target, self.max_k, self.max_rows = target, max_k, 1
+        self.cost = VerifyCost.measured(target, 1, max_k)
+
+    def __call__(self, k: float, rows: int = 1) -> float:
+        if rows > self.max_rows:
+            self.cost, self.max_rows = VerifyCost.measured(self.target, rows, self.max_k), rows
+        return self.cost(k, rows)
+
+
+def rows_curve(curve: VerifyCost | TargetVerifyCost | Sequence[float] | Mapping[int, float] | Callable[[int], float],
+               max_k: int) -> Callable[[float, int], float]:
+    """t(k, rows): a timed curve (`VerifyCost`, `TargetVerifyCost`) as it is; a one-row curve given by hand
+    (`one_row_curve`) has no row dimension and is read at every row count."""
+    if isinstance(curve, (VerifyCost, TargetVerifyCost)):
+        return curve
+    one_row = one_row_curve(curve, max_k)
+    return lambda k, rows=1: one_row(k)
+
+
 def one_row_curve(curve: Sequence[float] | Mapping[int, float] | Callable[[int], float],
                   max_k: int) -> Callable[[int], float]:
     """A one-row t(k) given by hand: a list indexed by k, a {k: seconds} map (linear between its points) or

@@ -47,6 +47,17 @@ def trained_drafter(target, *, block_size: int = 8, num_layers: int = 1, steps: 
 __all__ = ["init_drafter", "own_text", "prompts", "tiny_target", "trained_drafter"]
 
 
+def pin_verify_costs(monkeypatch, cost) -> None:
+    """Replace the timed verify passes (`blockdraft.cost.timed_costs`) by cost(rows, k) seconds, so every
+    choice read off the cost rule is known in advance."""
+    from blockdraft import cost as cost_module
+
+    def timed(target, max_rows, max_k):
+        return {(rows, k): cost(rows, k) for rows in cost_module.row_points(max_rows)
+                for k in cost_module.k_points(max_k)}
+    monkeypatch.setattr(cost_module, "timed_costs", timed)
+
+
 def proposals(target, drafter, prompt, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Every proposal of one 30-token generation: (tokens, q) per round (spies on `drafter.propose`)."""
     seen = []

@@ -17,7 +17,7 @@ from blockdraft.drafters.lookup import CorpusIndex, LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.decode.cache import TargetCache
-from helpers import init_drafter, prompts, tiny_target, trained_drafter
+from helpers import init_drafter, pin_verify_costs, prompts, tiny_target, trained_drafter
 from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 ARCHS = ("qwen3", "qwen2", "llama", "gemma3")
@@ -220,6 +220,23 @@ def test_measured_budget_is_lossless_and_adapts(targets, trained):
     steep = TreeDrafter(drafter, "measured", verify_cost=lambda n: 1.0 + 100.0 * n, max_nodes=20)
     result = blockdraft.generate(target, steep, prompts(1)[0], max_new_tokens=12, stop_token_ids=())
     assert {r.proposed for r in result.rounds[:-1]} == {1}
+
+
+def test_measured_budget_of_a_batch_reads_the_cost_of_its_rows(monkeypatch, targets):
+    """A pass over R rows pads every row's tree to the longest, so a row of an R-row round reads t_R, not the
+    one-row curve: with one row free, a steep 3-row curve keeps a single node per row and a flat one all."""
+    target, batch = targets["qwen3"], prompts(3, seed=8)
+    drafter = init_drafter(target, num_layers=1, block_size=4)
+    for three_rows, nodes in ((lambda k: 1.0 + 100.0 * k, {1}), (lambda k: 1.0, {20})):
+        pin_verify_costs(monkeypatch, lambda rows, k: 1.0 if rows == 1 else three_rows(k))
+        tree = TreeDrafter(drafter, "measured", target=target, max_nodes=20)
+        alone = blockdraft.generate(target, tree, batch[0], max_new_tokens=12, stop_token_ids=())
+        assert alone.rounds[0].proposed == 20  # batch 1 reads the one-row curve, whatever the 3-row one
+        for max_batch, expected in ((None, nodes), (1, {20})):  # one row at a time: the one-row curve
+            results = blockdraft.generate_batch(target, tree, batch, max_new_tokens=12, stop_token_ids=(),
+                                                max_batch=max_batch)
+            assert [r.tokens for r in results] == [plain(target, p, 12) for p in batch]
+            assert {r.proposed for result in results for r in result.rounds[:-1]} == expected
 
 
 def test_stop_and_budget_inside_an_accepted_tree_path(targets):

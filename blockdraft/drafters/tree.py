@@ -23,7 +23,9 @@ same tau as plain DDTree (within noise), so DDTree's own order is the default.
 `budget="measured"` picks each round's node count by the one cost rule (`blockdraft.cost`): the m
 best-first nodes are expected to commit 1 + Σ_{i≤m} exp(score_i) tokens (exp(score) being the
 path's probability under the drafter's own marginals), and m maximises that over the round's time,
-t_draft + t_verify(m), with t_verify timed on this machine (`VerifyCost`).
+t_draft + t_R(m), with t_R a verify pass over the round's R rows timed on this machine
+(`TargetVerifyCost`): every row's tree is padded to the longest in a batched pass, so a tree that pays
+alone can lose to plain decoding when R rows verify together (`TreeRows` tells each row's drafter R).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..cost import VerifyCost, best_prefix, one_row_curve
+from ..cost import TargetVerifyCost, VerifyCost, best_prefix, rows_curve
+from ..decode.rows import PerRowDrafters
 from ..decode.tree import TreeBuilder, best_first_tree
 from ..target import Target
 from .base import Drafter, Proposal
@@ -68,7 +71,7 @@ class TreeDrafter:
 
     def __init__(self, sources: Drafter | Sequence[Drafter], budget: int | str = 32, *,
                  labels: Sequence[str] | None = None, target: Target | None = None,
-                 verify_cost: dict[int, float] | Callable[[int], float] | None = None,
+                 verify_cost: VerifyCost | dict[int, float] | Callable[[int], float] | None = None,
                  max_nodes: int = MEASURED_MAX_NODES, keep_chain: bool = False, fallback: bool = False):
         sources = [sources] if not isinstance(sources, (list, tuple)) else list(sources)
         if not sources:
@@ -93,8 +96,9 @@ class TreeDrafter:
                 if target is None:
                     raise ConfigError("tree budget 'measured' needs the target (to time its verify passes) "
                                       "or a verify_cost curve")
-                verify_cost = VerifyCost.measured(target, 1, max_nodes)
-            self.verify_cost = one_row_curve(verify_cost, max_nodes)
+                verify_cost = TargetVerifyCost(target, max_nodes)
+            self.verify_cost = rows_curve(verify_cost, max_nodes)  # t(k, rows)
+        self.rows = 1  # rows verified together in this drafter's rounds (`TreeRows` sets it each round)
         self.max_nodes = max_nodes
         self.keep_chain = keep_chain
         self.fallback = fallback
@@ -110,6 +114,10 @@ class TreeDrafter:
         return TreeDrafter([source.spawn() for source in self.sources], self.budget, labels=self.labels,
                            verify_cost=self.verify_cost, max_nodes=self.max_nodes, keep_chain=self.keep_chain,
                            fallback=self.fallback)
+
+    def batch_drafter(self, rows: int) -> "TreeRows":
+        """The rows' drafters (one `spawn()` per request), each told how many rows its rounds verify."""
+        return TreeRows([self.spawn() for _ in range(rows)])
 
     def _features_for(self, source: Drafter, features: torch.Tensor | None) -> torch.Tensor | None:
         return features if source.target_layer_ids else None
@@ -159,7 +167,7 @@ class TreeDrafter:
         if self.verify_cost is not None:
             used = len(builder.tokens)
             expected = 1.0 + np.cumsum(np.exp(scores.double().cpu().numpy()))  # (m,) tokens committed
-            costs = np.array([draft_s + self.verify_cost(used + m) for m in range(1, len(expected) + 1)])
+            costs = np.array([draft_s + self.verify_cost(used + m, self.rows) for m in range(1, len(expected) + 1)])
             keep = best_prefix(expected, costs, first=1)  # every prefix of the order is a tree
             tokens, parents = tokens[:keep], parents[:keep]
         builder.add_tree(tokens.tolist(), parents.tolist(), source)
@@ -191,6 +199,16 @@ class TreeDrafter:
         return (torch.tensor(order_tokens[:room], dtype=torch.long, device=device),
                 torch.tensor(order_parents[:room], dtype=torch.long, device=device),
                 torch.tensor(order_scores[:room], dtype=torch.float32, device=device))
+
+
+class TreeRows(PerRowDrafters):
+    """Per-row tree drafters; each round tells every row's drafter the round's row count R, so a measured
+    budget reads the cost of a pass over R rows, t_R(m), not the one-row curve."""
+
+    def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
+        for row in rows:
+            self.drafters[row].rows = len(rows)
+        return super().propose(rows, ids, budgets, sampling, generators)
 
 
 def _proposes(proposal: Proposal) -> bool:
