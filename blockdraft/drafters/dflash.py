@@ -28,7 +28,7 @@ from ..decode.sampling import choose
 from ..target import Target
 from .base import Proposal
 from .dflash2 import BlockConv, CandidateSelector
-from .dflash_rows import DFlashRows
+from .dflash_rows import ContextCache, DFlashRows
 
 
 class RMSNorm(nn.Module):
@@ -52,28 +52,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (N, heads, T, hd); cos/sin (N, T, hd)."""
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
-
-class ContextCache:
-    """Per-layer keys/values of the projected target context (normed and rotated).
-
-    Only context positions live here; the block's own keys/values are dropped after each pass.
-    """
-
-    def __init__(self, num_layers: int):
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
-
-    def extend(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys[layer] is not None:
-            keys = torch.cat([self.keys[layer], keys], dim=2)
-            values = torch.cat([self.values[layer], values], dim=2)
-        self.keys[layer], self.values[layer] = keys, values
-        return keys, values
 
 
 class DFlashAttention(nn.Module):
@@ -231,7 +209,11 @@ class DFlashDraftModel(nn.Module):
 
 
 class DFlashDrafter:
-    """Drafter protocol over a DFlash model and the target whose embeddings and LM head it borrows."""
+    """Drafter protocol over a DFlash model and the target whose embeddings and LM head it borrows.
+
+    One sequence is the one-row case of the batched drafter: its state is a `DFlashRows` holding row 0
+    (`dflash_rows.py`), so batch 1 and batch R share one context cache and one block pass.
+    """
 
     def __init__(self, model: DFlashDraftModel, target: Target):
         config = model.config
@@ -243,18 +225,17 @@ class DFlashDrafter:
         self.max_proposals = config.num_proposals
         # DFlash: slot 0 is the anchor and only conditions; DSpark: the anchor slot also predicts.
         self.first_predicting_slot = 1 if config.layout == "dflash" else 0
-        self.cache: ContextCache | None = None
-        self.pending: torch.Tensor | None = None  # (1, m, F) target features not yet in the cache
         self.head = DraftHead(target, model.vocab_map, config.output_multiplier)
+        self.rows: DFlashRows | None = None  # this sequence's state: row 0
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
-        self.cache = ContextCache(self.config.num_hidden_layers)
-        self.pending = prompt_features
+        self.rows = DFlashRows(self)
+        self.rows.reset([prompt_ids], [prompt_features])
 
     def spawn(self) -> "DFlashDrafter":
         """The same weights and head with fresh per-sequence state: one per row of a batch."""
         row = copy.copy(self)
-        row.cache, row.pending = None, None
+        row.rows = None
         return row
 
     def batch_drafter(self, rows: int) -> DFlashRows:
@@ -262,36 +243,22 @@ class DFlashDrafter:
         return DFlashRows(self, rows)
 
     @torch.inference_mode()
-    def draft_block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
-        """One drafter pass for the block after ids (1, L); returns (num_proposals, V) logits."""
-        return self.head(self.draft_block_hidden(ids, num_proposals))  # (k, V_draft)
+    def draft_block(self, ids: torch.Tensor, num_proposals: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafter pass for the block after ids (1, L): the (num_proposals, H) final hidden states of
+        the predicting slots (what heads composed onto the backbone read) and their (num_proposals, V_draft)
+        logits."""
+        hidden, logits = self.rows.draft_block([0], [ids], [num_proposals])
+        return hidden[0], logits[0]
 
-    @torch.inference_mode()
     def draft_block_hidden(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
-        """One drafter pass for the block after ids (1, L); returns the (num_proposals, H) final
-        hidden states of the predicting slots (what heads composed onto the backbone read)."""
-        start = ids.shape[1] - 1  # anchor position = context length
-        cached = self.cache.length
-        pending = self.pending
-        if pending is None or cached + pending.shape[1] != start:
-            have = cached + (0 if pending is None else pending.shape[1])
-            raise RuntimeError(f"drafter context covers {have} positions but the anchor sits at {start}")
-        device = ids.device
-        block_len = num_proposals + self.first_predicting_slot
-        block_ids = torch.full((1, block_len), self.config.mask_token_id, dtype=torch.long, device=device)
-        block_ids[0, 0] = ids[0, -1]
-        block_positions = torch.arange(start, start + block_len, device=device)[None]
-        context_positions = torch.arange(cached, start, device=device)[None]
-        hidden = self.model(self.target.embed_tokens(block_ids), pending, block_positions, context_positions,
-                            cache=self.cache)
-        self.pending = None
-        return hidden[0, self.first_predicting_slot:]  # (k, H)
+        return self.draft_block(ids, num_proposals)[0]  # (k, H)
+
+    def draft_block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
+        return self.draft_block(ids, num_proposals)[1]  # (k, V_draft)
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        with torch.inference_mode():
-            hidden = self.draft_block_hidden(ids, min(num_proposals, self.max_proposals))  # (k, H)
-            return self.proposal(hidden, self.head(hidden), int(ids[0, -1]), sampling, generator)
+        return self.rows.propose([0], [ids], [num_proposals], sampling, [generator])[0]
 
     @torch.inference_mode()
     def proposal(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, sampling: SamplingConfig,
@@ -309,9 +276,7 @@ class DFlashDrafter:
                         logits=logits, logit_token_ids=self.head.logit_token_ids, slot_marginals=True)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
-        if features is None:
-            raise RuntimeError("a DFlash drafter needs target features for every committed position")
-        self.pending = features if self.pending is None else torch.cat([self.pending, features], dim=1)
+        self.rows.commit(0, length, features)
 
 
 class DraftHead:

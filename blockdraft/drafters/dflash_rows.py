@@ -1,18 +1,20 @@
-"""DFlash drafting for every row of a batch in one drafter pass (`decode/rows.py`).
+"""The DFlash drafting state and block pass, for any number of rows: a batch of R, or one sequence.
 
-Each row's proposal equals what that row's own `DFlashDrafter` would propose (the same block pass,
-masked so that a row sees only its own context and its own block). What it keeps per batch:
+`DFlashDrafter` (`dflash.py`) is the one-row case: it drafts through a `DFlashRows` holding row 0,
+so batch 1 and batch R run the same cache and the same pass. Each row of a batch proposes what it
+proposes alone (the pass is masked so that a row sees only its own context and its own block).
+What it keeps:
 
-- one padded context K/V cache (`RowContextCache`): row r's projected target features fill slots
+- one padded context K/V cache (`ContextCache`): row r's projected target features fill slots
   0..lengths[r]-1 of each layer's (R, kv, S, hd) tensor; slots past a row's length are padding;
 - the features each row committed since its last pass (`pending`), projected at the next `propose`
-  at the row's own absolute positions, like the batch-1 drafter's;
+  at the row's own absolute positions;
 - a block pass over all rows: row r's `[anchor, MASK x k_r]` at positions L_r-1 .., padded to the
   longest block; the mask shows each query its row's context slots and its row's block slots only
   (DFlash has no causal mask inside a block, so a longer neighbour's block must stay hidden).
 
-The block's own keys/values are dropped after the pass, as at batch 1. Rows that finish leave at the
-next `propose` (the rows it is given are the ones still decoding); rows that `join` later (continuous
+The block's own keys/values are dropped after each pass. Rows that finish leave at the next
+`propose` (the rows it is given are the ones still decoding); rows that `join` later (continuous
 batching) get an empty row of the cache and their prompt's features as pending.
 """
 
@@ -26,7 +28,7 @@ from ..config import SamplingConfig
 from .base import Proposal
 
 
-class RowContextCache:
+class ContextCache:
     """Per-layer context keys/values of several rows in one padded tensor each, (R, kv, S, hd).
 
     `lengths[r]` context positions of row r are cached; a pass adds `incoming[r]` more, which
@@ -77,6 +79,14 @@ class RowContextCache:
         self.incoming += [0] * count
 
 
+def _positions(starts: list[int], count: int, device: torch.device) -> torch.Tensor:
+    """(R, count) absolute positions: row r's run from starts[r]."""
+    if len(set(starts)) == 1:  # one row, or rows in step: one arange
+        positions = torch.arange(starts[0], starts[0] + count, device=device)[None]  # (1, count)
+        return positions if len(starts) == 1 else positions.expand(len(starts), -1)
+    return torch.tensor(starts, device=device)[:, None] + torch.arange(count, device=device)
+
+
 def _write_rows(buffer: torch.Tensor | None, new: torch.Tensor, starts: list[int], counts: list[int],
                 size: int) -> torch.Tensor:
     """Row r's first counts[r] new slots go to buffer slots starts[r].. ; the buffer grows when short."""
@@ -86,24 +96,28 @@ def _write_rows(buffer: torch.Tensor | None, new: torch.Tensor, starts: list[int
         if buffer is not None:
             grown[:, :, :buffer.shape[2]] = buffer
         buffer = grown
+    if rows == 1:  # one row: every new slot is real
+        buffer[:, :, starts[0]:starts[0] + counts[0]] = new
+        return buffer
     for row, (start, count) in enumerate(zip(starts, counts)):
         buffer[row, :, start:start + count] = new[row, :, :count]
     return buffer
 
 
 class DFlashRows:
-    """The batch drafter of a `DFlashDrafter`: its weights and head, one padded state for all rows."""
+    """The rows' drafting state over a `DFlashDrafter`'s weights and head: its batch drafter, and (one row)
+    its own state."""
 
     def __init__(self, drafter, rows: int = 0):
         self.drafter = drafter
         self.order: list[int] = []  # row id at each batch index of the cache
-        self.cache = RowContextCache(drafter.config.num_hidden_layers, 0)
+        self.cache = ContextCache(drafter.config.num_hidden_layers, 0)
         self.pending: dict[int, torch.Tensor | None] = {}  # row id: (1, m, F) features not yet projected
 
     def reset(self, prompt_ids: Sequence[torch.Tensor], prompt_features: Sequence[torch.Tensor | None]) -> None:
         """Start rows 0..R-1 afresh (every earlier row leaves)."""
         self.order, self.pending = [], {}
-        self.cache = RowContextCache(self.drafter.config.num_hidden_layers, 0)
+        self.cache = ContextCache(self.drafter.config.num_hidden_layers, 0)
         self.join(range(len(prompt_ids)), prompt_ids, prompt_features)
 
     def join(self, rows: Sequence[int], prompt_ids: Sequence[torch.Tensor],
@@ -128,16 +142,11 @@ class DFlashRows:
         self.order = list(rows)
 
     @torch.inference_mode()
-    def draft_block_logits(self, rows: Sequence[int], ids: Sequence[torch.Tensor],
-                           budgets: Sequence[int]) -> torch.Tensor:
-        """One drafter pass for the given rows (each ids (1, L_r), up to k_i = budgets[i] proposals, some
-        k_i >= 1); returns (R, max k, V_draft) logits, row i's first k_i meaningful. Rows not given leave."""
-        return self.draft_block(rows, ids, budgets)[1]
-
-    @torch.inference_mode()
     def draft_block(self, rows: Sequence[int], ids: Sequence[torch.Tensor],
                     budgets: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """`draft_block_logits` with the final hidden states: ((R, max k, H), (R, max k, V_draft))."""
+        """One drafter pass for the given rows (each ids (1, L_r), up to k_i = budgets[i] proposals); returns
+        the predicting slots' final hidden states (R, max k, H) and logits (R, max k, V_draft), row i's first
+        k_i meaningful. Rows not given leave."""
         drafter, config = self.drafter, self.drafter.config
         self._keep(rows)
         cache, device = self.cache, ids[0].device
@@ -150,31 +159,37 @@ class DFlashRows:
                                    f"{cache.lengths[index] + cache.incoming[index]} positions but the anchor sits "
                                    f"at {start}")
         width = max(cache.incoming)
-        context = torch.zeros(len(rows), width, drafter.model.fc.in_features, device=device,
-                              dtype=drafter.model.fc.weight.dtype)  # (R, M, F), padded; M may be 0
-        for index, p in enumerate(pending):
-            if p is not None:
-                context[index, :p.shape[1]] = p[0]
-        lengths = torch.tensor(cache.lengths, device=device)[:, None]
-        context_positions = lengths + torch.arange(width, device=device)  # (R, M): each row after its own past
+        if len(rows) == 1 and pending[0] is not None:
+            context = pending[0]  # (1, M, F): one row needs no padding
+        else:
+            context = torch.zeros(len(rows), width, drafter.model.fc.in_features, device=device,
+                                  dtype=drafter.model.fc.weight.dtype)  # (R, M, F), padded; M may be 0
+            for index, p in enumerate(pending):
+                if p is not None:
+                    context[index, :p.shape[1]] = p[0]
+        context_positions = _positions(cache.lengths, width, device)  # (R, M): each row after its own past
         first = drafter.first_predicting_slot
         block_lens = [budget + first for budget in budgets]
         block_len = max(block_lens)
         block_ids = torch.full((len(rows), block_len), config.mask_token_id, dtype=torch.long, device=device)
-        block_ids[:, 0] = torch.stack([one[0, -1] for one in ids])
-        anchors = torch.tensor(starts, device=device)[:, None]
-        block_positions = anchors + torch.arange(block_len, device=device)  # (R, T)
+        block_ids[:, :1] = ids[0][:, -1:] if len(ids) == 1 else torch.cat([one[:, -1:] for one in ids])  # anchors
+        block_positions = _positions(starts, block_len, device)  # (R, T)
         size = cache.new_length
-        context_visible = torch.arange(size, device=device)[None] < anchors  # (R, S): own context only
-        block_visible = torch.arange(block_len, device=device)[None] < torch.tensor(block_lens, device=device)[:, None]
-        mask = torch.cat([context_visible, block_visible], dim=1)[:, None, None].expand(-1, 1, block_len, -1)
+        mask = None  # every query sees every slot: rows of one length and one block (one row, always)
+        if any(start != size for start in starts) or any(length != block_len for length in block_lens):
+            anchors = torch.tensor(starts, device=device)[:, None]
+            context_visible = torch.arange(size, device=device)[None] < anchors  # (R, S): own context only
+            block_visible = (torch.arange(block_len, device=device)[None]
+                             < torch.tensor(block_lens, device=device)[:, None])  # (R, T): own block only
+            mask = torch.cat([context_visible, block_visible], dim=1)[:, None, None].expand(-1, 1, block_len, -1)
         hidden = drafter.model(drafter.target.embed_tokens(block_ids), context, block_positions, context_positions,
                                cache=cache, attention_mask=mask)  # (R, T, H)
         cache.advance()
         for row in rows:
             self.pending[row] = None
-        for row in [row for row in self.pending if row not in rows]:
-            del self.pending[row]  # finished rows
+        if len(self.pending) > len(rows):
+            for row in [row for row in self.pending if row not in rows]:
+                del self.pending[row]  # finished rows
         rows_count, k, size = hidden.shape[0], block_len - first, hidden.shape[2]
         # One (R*k, H) matrix for the head: a 3-D non-contiguous input sends F.linear to a batched matmul
         # that copies the (V_draft, H) weight once per row (measured 30 ms a round at batch 4 on the CPU).

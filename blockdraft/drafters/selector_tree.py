@@ -49,8 +49,8 @@ class SelectorTree:
         depth = min(num_proposals, self.max_proposals)
         if depth == 0:
             return Proposal.empty(ids.device)
-        hidden = drafter.draft_block_hidden(ids, depth)  # (k, H)
-        tokens, parents = selector_tree(drafter.model.candidate_selector, hidden, drafter.head(hidden),
+        hidden, logits = drafter.draft_block(ids, depth)  # (k, H), (k, V_draft)
+        tokens, parents = selector_tree(drafter.model.candidate_selector, hidden, logits,
                                         drafter.head.to_draft_id(int(ids[0, -1])), self.budget,
                                         1.0 if sampling.greedy else sampling.temperature)
         device = ids.device
