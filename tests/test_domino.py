@@ -247,7 +247,7 @@ def test_domino_ft_freezes_the_backbone_and_the_head_learns(chat, tmp_path, targ
     common, backbone = chat
     config = TrainConfig(**common, out_dir=str(tmp_path / "ft"), objective="domino", drafter_init=str(backbone),
                          train_backbone=False, heads={"domino": {"gru_size": 32, "rank": 16}},
-                         domino_lambda_start=0.0, lr=2e-2, warmup_ratio=0.0, max_steps=40, save_every=100)
+                         objective_options={"lambda_start": 0.0}, lr=2e-2, warmup_ratio=0.0, max_steps=40, save_every=100)
     final = train(config)
     before, after = load_file(str(backbone / "model.safetensors")), load_file(str(final / "model.safetensors"))
     for key, tensor in before.items():
@@ -306,6 +306,11 @@ def test_bad_input_gets_clear_errors(target, chat, tmp_path):
         ({"objective": "domino", "heads": {"domino": {}}, "domino_variant": "C-AUF"}, "Table 3"),
         ({"objective": "domino", "heads": {"domino": {}}, "domino_lambda_start": 2.0}, r"\[0, 1\]"),
         ({"objective": "domino", "heads": {"domino": {}}, "domino_anneal_ratio": 0.0}, "domino_anneal_ratio"),
+        ({"objective": "domino", "heads": {"domino": {}}, "objective_options": {"variant": "C-AUF"}}, "Table 3"),
+        ({"objective": "domino", "heads": {"domino": {}}, "objective_options": {"anneal_ratio": 0.0}},
+         r"objective_options.anneal_ratio must be in \(0, 1\]"),
+        ({"objective": "domino", "heads": {"domino": {}}, "objective_options": {"lam": 0.5}}, "unknown option"),
+        ({"objective_options": {"variant": "decay"}}, "takes no objective_options"),
         ({"objective": "domino", "heads": {"domino": {}}, "train_backbone": False}, "drafter_init"),
         ({"train_backbone": False, "drafter_init": str(trained)}, "nothing to train"),
         ({"train_backbone": "no", "heads": {"domino": {}}}, "true or false"),

@@ -507,23 +507,24 @@ class PrefixCountHead(SlotHead):
         return logits_k + (1 + state) * self.table(prev).float(), state + 1
 
 
-def test_every_slot_head_in_the_table_resolves_to_its_builder():
+def test_every_head_in_the_table_resolves_to_its_builder():
     import importlib
 
-    from blockdraft.drafters.heads import SLOT_HEAD_BUILDERS, slot_head_builder
+    from blockdraft.drafters.heads import HEAD_BUILDERS, ScoringHead, head_builder
 
-    for name, where in SLOT_HEAD_BUILDERS.items():
+    for name, where in HEAD_BUILDERS.items():
         module = importlib.import_module(where.split(":")[0])
-        assert callable(slot_head_builder(name))
-        assert any(isinstance(c, type) and issubclass(c, SlotHead) and c.name == name for c in vars(module).values())
-    assert slot_head_builder("no-such-head") is None
+        assert callable(head_builder(name))
+        assert any(isinstance(c, type) and issubclass(c, (SlotHead, ScoringHead)) and c.name == name
+                   for c in vars(module).values())
+    assert head_builder("no-such-head") is None
 
 
 def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkeypatch):
     # A new slot head is one class (PrefixCountHead, above) and one registration line (here, scoped to the test).
     from blockdraft.drafters import heads as heads_module
 
-    monkeypatch.setitem(heads_module.SLOT_HEADS, "prefixcount",
+    monkeypatch.setitem(heads_module.HEADS, "prefixcount",
                         lambda spec: PrefixCountHead(spec["vocab_size"], spec["out_vocab_size"]))
     backbone = init_drafter(target, num_layers=1, block_size=6, seed=4)
     markov, confidence = random_heads(target, "linear", seed=4)
@@ -552,6 +553,6 @@ def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkey
         HeadedDrafter(backbone, [PrefixCountHead(target.vocab_size, 7)])
     with pytest.raises(ConfigError, match="distinct names"):
         HeadedDrafter(backbone, [head, head])
-    monkeypatch.delitem(heads_module.SLOT_HEADS, "prefixcount")
+    monkeypatch.delitem(heads_module.HEADS, "prefixcount")
     with pytest.raises(ConfigError, match="cannot attach"):
         load_drafter(tmp_path / "d", target)

@@ -351,7 +351,7 @@ def test_compose_and_combine_terms():
 def test_every_objective_finite_with_grad(name):
     logits, labels, mask, target = random_batch()
     logits.requires_grad_()
-    terms = ALL[name](logits, labels, mask, target_logits=target, num_sequences=2)
+    terms = L.call_loss(ALL[name], logits, labels, mask, target_logits=target, num_sequences=2)
     assert terms.num.dim() == 0 and terms.den.dim() == 0
     assert torch.isfinite(terms.num) and torch.isfinite(terms.den) and terms.den > 0
     assert terms.num.requires_grad and not terms.den.requires_grad
@@ -371,7 +371,7 @@ def test_padding_slots_never_contribute(name):
     outs = []
     for lg, lb, tg in ((logits, labels, target), (logits2, labels2, target2)):
         lg = lg.clone().requires_grad_()
-        t = ALL[name](lg, lb, mask, target_logits=tg, num_sequences=2)
+        t = L.call_loss(ALL[name], lg, lb, mask, target_logits=tg, num_sequences=2)
         t.num.backward()
         outs.append((t.num.detach(), t.den, lg.grad))
     (n1, d1, g1), (n2, d2, g2) = outs

@@ -165,7 +165,7 @@ def test_two_processes_equal_one_process_on_the_concatenated_batch(setup, tmp_pa
     config = make_config(setup, tmp_path / "two", grad_accum=1, max_steps=3, objective="dpace").to_dict()
     # Joint backbone + heads: the backbone is reduced by DDP, the heads by the trainer's own all-reduce.
     headed = dict(objective="domino", heads={"markov": {"rank": 8}, "domino": {"gru_size": 16, "rank": 8}},
-                  domino_variant="B-AUF+D", max_steps=3)
+                  objective_options={"variant": "B-AUF+D"}, max_steps=3)
     single_headed = train(make_config(setup, tmp_path / "one_h", grad_accum=2, **headed))
     config_headed = make_config(setup, tmp_path / "two_h", grad_accum=1, **headed).to_dict()
     with socket.socket() as probe:
@@ -312,7 +312,7 @@ def test_bench_train_reports_ratios_and_throughput(setup, capsys):
 HEADED_RUNS = {
     "dspark_joint": dict(objective="dspark_heads", heads={"markov": {"rank": 8, "variant": "rnn"}, "confidence": {}}),
     "domino_head_only": dict(objective="domino", heads={"domino": {"gru_size": 16, "rank": 8}}, train_backbone=False,
-                             domino_variant="F-AUF+D"),
+                             objective_options={"variant": "F-AUF+D"}),
 }
 
 
@@ -358,10 +358,35 @@ def test_heads_train_and_resume_to_the_same_weights(setup, tmp_path, backbone_ch
 
 def test_joint_domino_training_moves_backbone_and_head(setup, tmp_path, backbone_checkpoint):
     final = train(make_config(setup, tmp_path / "joint", objective="domino", drafter_init=str(backbone_checkpoint),
-                              heads={"domino": {"gru_size": 16, "rank": 8}}, max_steps=3, domino_lambda_start=0.5))
+                              heads={"domino": {"gru_size": 16, "rank": 8}}, max_steps=3,
+                              objective_options={"lambda_start": 0.5}))
     saved, init = weights(final), weights(backbone_checkpoint)
     assert any(not torch.equal(saved[k], t) for k, t in init.items())
     assert torch.count_nonzero(saved["domino_head.up_proj.weight"]) > 0
+
+
+def test_old_flat_domino_fields_are_read_as_objective_options():
+    """Recipes and saved configs from before `objective_options` spelled Domino's options as flat fields: they
+    read as the new spelling (a note for values off their defaults), and resume into the same run folder."""
+    base = dict(target="t", data="d.jsonl", objective="domino", heads={"domino": {}})
+    new = TrainConfig(**base, objective_options={"variant": "B-AUF+D", "lambda_start": 0.0})
+    with pytest.warns(FutureWarning) as caught:
+        old = TrainConfig.from_dict({**base, "domino_variant": "B-AUF+D", "domino_lambda_start": 0.0,
+                                     "domino_lambda_end": 0.0, "domino_anneal_ratio": 1.0})
+    assert sorted(str(w.message).split(" is deprecated")[0] for w in caught) == ["domino_lambda_start",
+                                                                                  "domino_variant"]
+    assert '"objective_options": {"lambda_start": 0.0}' in str(caught[-1].message)
+    assert old == new and old.to_dict() == new.to_dict() and "domino_variant" not in new.to_dict()
+    assert new.objective_options == {"variant": "B-AUF+D", "lambda_start": 0.0, "lambda_end": 0.0, "anneal_ratio": 1.0}
+    # the resume key (and the run folder's hash) keeps the flat spelling every saved run has
+    assert {k: v for k, v in new.resume_key().items() if k.startswith("domino_")} == {
+        "domino_variant": "B-AUF+D", "domino_lambda_start": 0.0, "domino_lambda_end": 0.0, "domino_anneal_ratio": 1.0}
+    plain = TrainConfig(target="t", data="d.jsonl")
+    assert plain.objective_options is None and plain.resume_key()["domino_variant"] == "decay"
+    # a saved config of another objective holds the defaults: read silently
+    assert TrainConfig.from_dict({**plain.to_dict(), "domino_variant": "decay", "domino_lambda_start": 1.0}) == plain
+    with pytest.raises(ConfigError, match="keep only objective_options.variant"):
+        TrainConfig(**base, objective_options={"variant": "decay"}, domino_variant="B-AUF")
 
 
 def test_head_training_input_is_refused(setup, tmp_path, backbone_checkpoint):

@@ -18,9 +18,9 @@ from ..config import ConfigError
 from ..drafters.base import Drafter
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
-from ..drafters.confidence import head_from_spec as confidence_from_spec
-from ..drafters.heads import CONFIDENCE_HEAD, SLOT_HEAD_BUILDERS, SLOT_HEADS, SlotHead, slot_head_builder
+from ..drafters.heads import HEAD_BUILDERS, HEADS, ScoringHead, SlotHead, head_builder
 from ..drafters.pruning import Pruning
+from ..shipped import resolve_drafter
 from ..target import Target, load_target
 from .dflash import WEIGHTS_NAME, head_prefix, load_drafter_model, load_strict, save_drafter
 
@@ -30,8 +30,6 @@ def load_drafter(path: str | Path, target: Target | str) -> Drafter:
 
     When config.json describes heads (slot heads, a confidence head), they are composed onto the backbone.
     """
-    from ..shipped import resolve_drafter
-
     if target is None or not isinstance(path, (str, os.PathLike)):
         raise ConfigError("load_drafter(path, target) needs the drafter's folder (or shipped name) and the target it "
                           "drafts for; for plain decoding pass drafter=None to generate instead")
@@ -53,7 +51,7 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torc
                        off: Collection[str] = (), **pruning) -> HeadedDrafter:
     """Compose the heads described in the checkpoint's config.json onto a loaded backbone (heads in
     `dtype`, default the target's; a trainer resuming keeps its float32 master weights). `pruning`
-    holds `Pruning` fields besides the saved confidence head (threshold, verify_cost, draft_cost)."""
+    holds `Pruning` fields besides the saved scoring head (threshold, verify_cost, draft_cost)."""
     slot_heads, confidence = build_heads(backbone.config.extra.get("heads") or {})
     heads = [*slot_heads, *([confidence] if confidence is not None else [])]
     weights = Path(path) / WEIGHTS_NAME
@@ -74,22 +72,20 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torc
     return HeadedDrafter(backbone, slot_heads, Pruning(confidence=confidence, **pruning), off=off)
 
 
-def build_heads(description: Mapping[str, Any]) -> tuple[list[SlotHead], torch.nn.Module | None]:
+def build_heads(description: Mapping[str, Any]) -> tuple[list[SlotHead], ScoringHead | None]:
     """Heads from the `heads` entry of `config.json` (the output of their `describe()`):
-    (the slot heads in their saved order, the confidence head or None)."""
-    known = {CONFIDENCE_HEAD, *SLOT_HEAD_BUILDERS, *SLOT_HEADS}
+    (the slot heads in their saved order, the scoring head the pruning rule reads or None)."""
+    known = {*HEAD_BUILDERS, *HEADS}
     unknown = sorted(set(description) - known)
     if unknown:
         raise ConfigError(f"config.json describes heads {unknown} that this drafter cannot attach; known heads: "
                           f"{', '.join(sorted(known))}")
-    confidence = None
-    slot_heads: list[SlotHead] = []
     try:
-        for name, spec in description.items():
-            if name == CONFIDENCE_HEAD:
-                confidence = confidence_from_spec(spec)
-            else:
-                slot_heads.append(slot_head_builder(name)(spec))
+        heads = [head_builder(name)(spec) for name, spec in description.items()]
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"config.json has a malformed `heads` entry ({err!r}): {dict(description)}") from None
-    return slot_heads, confidence
+    scoring = [head for head in heads if isinstance(head, ScoringHead)]
+    if len(scoring) > 1:
+        raise ConfigError(f"config.json describes scoring heads {[head.name for head in scoring]}; the pruning "
+                          "rule reads one")
+    return [head for head in heads if not isinstance(head, ScoringHead)], (scoring[0] if scoring else None)

@@ -2,24 +2,24 @@
 
     c_k = σ(proj([h_k ; W1[x_{k-1}]]))          (the DSpark notebook §5)
 
-reading the Markov head's W1 rows (DSpark's `confidence_head_with_markov`); without the Markov
-features it reads h_k alone. It scores slots instead of rescoring them, so it is the pruning rule's
-signal (`pruning.Pruning(confidence=...)`), not a slot head. Saved under `confidence_head.proj.*`,
-the released DSpark keys.
+reading the Markov head's W1 rows (DSpark's `confidence_head_with_markov`), which it finds in its
+`HeadContext` (`context.heads["markov"]`); without the Markov features it reads h_k alone. It scores
+slots instead of rescoring them (a `ScoringHead`), so it is the pruning rule's signal
+(`pruning.Pruning(confidence=...)`). Saved under `confidence_head.proj.*`, the released DSpark keys.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
 from ..config import ConfigError
-from .heads import HeadContext
+from .heads import HeadContext, ScoringHead
 
 
-class ConfidenceHead(nn.Module):
+class ConfidenceHead(ScoringHead):
     """c_k = σ(proj([h_k ; W1[x_{k-1}]])): the probability that slot k survives verification."""
 
     name = "confidence"
@@ -34,36 +34,30 @@ class ConfidenceHead(nn.Module):
         self.proj = nn.Linear(hidden_size + markov_rank, 1)
         nn.init.normal_(self.proj.weight, std=0.02)
         nn.init.zeros_(self.proj.bias)
-        self._prev_embeddings = None  # the Markov head's W1 lookup, set by `bind`, never saved
+        self.context: HeadContext | None = None  # set by `bind`; holds the Markov head it reads
 
     @property
     def with_markov(self) -> bool:
         return self.markov_rank > 0
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_prev_embeddings":  # a sibling head's method: keep it out of the modules and state_dict
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
-
-    def bind(self, context: HeadContext, slot_heads: Sequence[nn.Module]) -> None:
-        """Check the hidden size and, with Markov features, find the Markov head whose W1 rows it reads."""
+    def bind(self, context: HeadContext) -> None:
+        """Check the hidden size and, with Markov features, the Markov head whose W1 rows it reads."""
         if self.hidden_size != context.hidden_size:
             raise ConfigError(f"the confidence head reads hidden size {self.hidden_size}, the backbone has "
                               f"{context.hidden_size}")
-        if not self.with_markov:
-            self._prev_embeddings = None
-            return
-        markov = next((head for head in slot_heads if head.name == "markov"), None)
-        if markov is None or markov.rank != self.markov_rank:
-            raise ConfigError(f"the confidence head reads rank-{self.markov_rank} Markov features "
-                              f"(W1[x_prev]) but the Markov head is "
-                              f"{'missing' if markov is None else f'rank {markov.rank}'}")
-        self._prev_embeddings = markov.prev_embeddings
+        if self.with_markov:
+            markov = context.heads.get("markov")
+            if markov is None or markov.rank != self.markov_rank:
+                raise ConfigError(f"the confidence head reads rank-{self.markov_rank} Markov features "
+                                  f"(W1[x_prev]) but the Markov head is "
+                                  f"{'missing' if markov is None else f'rank {markov.rank}'}")
+        self.context = context
 
     def slot_logits(self, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """prev (...) target ids of x_{k-1}, hidden (..., H) -> confidence logits (...) float32 (bound head)."""
-        return self(hidden, self._prev_embeddings(prev) if self.with_markov else None)
+        if self.context is None:
+            raise RuntimeError("the confidence head is not bound: compose it into a HeadedDrafter first")
+        return self(hidden, self.context.heads["markov"].prev_embeddings(prev) if self.with_markov else None)
 
     def describe(self) -> dict[str, Any]:
         return {"hidden_size": self.hidden_size, "markov_rank": self.markov_rank, "with_markov": self.with_markov}
@@ -80,3 +74,17 @@ class ConfidenceHead(nn.Module):
 
 def head_from_spec(spec: Mapping[str, Any]) -> ConfidenceHead:
     return ConfidenceHead(int(spec["hidden_size"]), int(spec.get("markov_rank", 0)))
+
+
+def new_head(context: HeadContext, *, with_markov: bool | None = None) -> ConfidenceHead:
+    """A fresh head for a drafter, from a recipe's options: it reads the Markov head's W1 rows when the
+    drafter has one (built before it, in `context.heads`), unless `with_markov` is false."""
+    markov = context.heads.get("markov")
+    with_markov = markov is not None if with_markov is None else with_markov
+    return ConfidenceHead(context.hidden_size, markov.rank if with_markov else 0)
+
+
+def check_options(options: Mapping[str, Any], heads: Mapping[str, Mapping[str, Any]]) -> None:
+    """A recipe's `heads.confidence` options, beside the other heads it names."""
+    if options.get("with_markov") and "markov" not in heads:
+        raise ConfigError("heads.confidence.with_markov reads the Markov head's W1: add heads.markov or set it false")

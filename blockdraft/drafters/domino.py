@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError
-from .heads import HeadContext, SlotHead
+from .heads import HeadContext, SlotHead, positive_int_options
 
 DEFAULT_GRU_SIZE = 1024
 DEFAULT_RANK = 256
@@ -117,13 +117,13 @@ class DominoHead(SlotHead):
         return self.up_proj(F.silu(self.down_proj(features)))
 
     def begin(self, anchor: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        return self.up_proj.weight.new_zeros(1, 1, self.gru_size)  # g_0 (layers, batch, G)
+        return self.up_proj.weight.new_zeros(1, anchor.numel(), self.gru_size)  # g_0 (layers, rows, G)
 
     def step(self, k: int, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor, state: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """prev () target id of x_{k-1}; hidden_k (H,); logits_k (V_draft,) -> (final_k, g_k)."""
-        _, state = self.gru(self._embeddings(prev).view(1, 1, -1), state)  # g_k (1, 1, G)
-        return logits_k + self._residual(hidden_k, state[0, 0]).to(logits_k.dtype), state
+        """prev (R,) target ids of x_{k-1}; hidden_k (R, H); logits_k (R, V_draft) -> (final_k, g_k)."""
+        _, state = self.gru(self._embeddings(prev.reshape(-1, 1)), state)  # g_k (1, R, G); each row a sequence
+        return logits_k + self._residual(hidden_k, state[0].view(*prev.shape, -1)).to(logits_k.dtype), state
 
     def block_logits(self, prev: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Teacher forced: prev (N, K) target ids (anchor, then the labels), hidden (N, K, H),
@@ -137,6 +137,11 @@ def head_from_spec(spec: Mapping[str, Any]) -> DominoHead:
                       int(spec["hidden_size"]), gru_size=int(spec["gru_size"]), rank=int(spec["rank"]))
 
 
-def new_head(context: HeadContext, **options) -> DominoHead:
+def new_head(context: HeadContext, *, gru_size: int = DEFAULT_GRU_SIZE, rank: int = DEFAULT_RANK) -> DominoHead:
     """A fresh head for a drafter, from a recipe's options."""
-    return DominoHead.for_context(context, **options)
+    return DominoHead.for_context(context, gru_size=gru_size, rank=rank)
+
+
+def check_options(options: Mapping[str, Any], heads: Mapping[str, Mapping[str, Any]]) -> None:
+    """A recipe's `heads.domino` options."""
+    positive_int_options("domino", options, ("gru_size", "rank"))

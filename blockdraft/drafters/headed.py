@@ -30,7 +30,7 @@ from ..target import Target
 from ..timing import elapsed
 from .base import Proposal
 from .dflash import DFlashDrafter
-from .heads import CONFIDENCE_HEAD, HeadContext, SlotHead
+from .heads import HeadContext, SlotHead
 from .pruning import Pruning
 
 
@@ -43,22 +43,22 @@ class HeadedDrafter:
         `heads.SlotHead`); `pruning` may end the block early (`pruning.Pruning`, with DSpark's confidence
         head or the slots' peak draft probabilities). `off` names heads kept loaded but not drafted with
         (the on/off comparisons)."""
+        self.pruning = pruning or Pruning()
+        self.slot_heads = list(heads)
+        every = self.heads()  # slot heads, then the pruning rule's scoring head
         names = [head.name for head in heads]
-        if len(set(names)) != len(names) or CONFIDENCE_HEAD in names:
-            raise ConfigError(f"slot heads need distinct names other than {CONFIDENCE_HEAD}, got {names}")
+        scoring = [self.pruning.confidence.name] if self.pruning.confidence is not None else []
+        if len(every) != len(names) + len(scoring):
+            raise ConfigError(f"heads need distinct names, got {names + scoring}")
         unknown = sorted(set(off) - set(names))
         if unknown:
             raise ConfigError(f"off names heads {unknown} this drafter does not have (it has {names})")
         device = next(backbone.model.parameters()).device
-        context = HeadContext.of(backbone)
-        for head in heads:
+        context = HeadContext.of(backbone, every.values())  # a head may read its siblings (`HeadContext.heads`)
+        for head in every.values():
             head.to(device).bind(context)  # heads built on the CPU follow a backbone on an accelerator
-        self.pruning = pruning or Pruning()
-        if self.pruning.confidence is not None:
-            self.pruning.confidence.to(device)
-        self.pruning.bind(context, heads)
+        self.pruning.bind(context)
         self.backbone = backbone
-        self.slot_heads = list(heads)
         self.off = frozenset(off)
         self.target_layer_ids = backbone.target_layer_ids
         self.max_proposals = backbone.max_proposals
@@ -73,11 +73,9 @@ class HeadedDrafter:
         return self.backbone.target
 
     def heads(self) -> dict[str, torch.nn.Module]:
-        """Every head by checkpoint name (`{name}_head.*`): the slot heads in order, then the confidence head."""
-        heads: dict[str, torch.nn.Module] = {head.name: head for head in self.slot_heads}
-        if self.pruning.confidence is not None:
-            heads[CONFIDENCE_HEAD] = self.pruning.confidence
-        return heads
+        """Every head by checkpoint name (`{name}_head.*`): the slot heads in order, then the scoring head."""
+        scoring = [self.pruning.confidence] if self.pruning.confidence is not None else []
+        return {head.name: head for head in [*self.slot_heads, *scoring]}
 
     @property
     def active_slot_heads(self) -> list[SlotHead]:

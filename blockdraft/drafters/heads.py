@@ -1,22 +1,26 @@
 """The head protocol: what a head composed onto a DFlash backbone sees, and the table that names heads.
 
-A *slot head* rescores slot k's draft logits from the tokens drafted before it, left to right over
-the block (DSpark's Markov head, DeLS-Spec's local-head fusion, Domino's GRU residual). It never
-sees the backbone: `bind` hands it a `HeadContext`, the few things of the target and the draft
-vocabulary it may read. `HeadedDrafter` (`headed.py`) composes (backbone, slot heads, pruning); the
-confidence head, which scores slots rather than rescoring them, belongs to the pruning rule
-(`confidence.py`, `pruning.py`).
+Two kinds of head, each bound to a `HeadContext` (the few things of the target, the draft vocabulary
+and the sibling heads it may read; it never sees the backbone):
+  - a *slot head* (`SlotHead`) rescores slot k's draft logits from the tokens drafted before it, left
+    to right over the block (DSpark's Markov head, DeLS-Spec's local-head fusion, Domino's GRU residual);
+  - a *scoring head* (`ScoringHead`) scores slot k instead, the chance it survives verification, for
+    the pruning rule to read (DSpark's confidence head, `confidence.py`, `pruning.py`).
+`HeadedDrafter` (`headed.py`) composes (backbone, slot heads, pruning with its scoring head).
 
-Adding a head is one file (a `SlotHead` subclass, a `head_from_spec(spec)` builder and, for heads the
-trainer builds, `new_head(context, **options)`) and one line in `SLOT_HEAD_BUILDERS`; code outside
-the package calls `register_slot_head(name, builder)`.
+Adding a head is one file (a `SlotHead` or `ScoringHead` subclass, a `head_from_spec(spec)` builder
+and, for heads the trainer builds, `new_head(context, *, options...)`, whose keyword arguments are
+the recipe's options, and optionally `check_options(options, heads)`) and one line in `HEAD_BUILDERS`;
+code outside the package calls `register_head(name, builder)`.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+import inspect
+from dataclasses import dataclass, field
+from types import MappingProxyType, ModuleType
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -37,17 +41,22 @@ class HeadContext:
     embed_tokens: nn.Module  # the target's frozen input embeddings
     d2t: torch.Tensor | None  # (V_draft,) draft id -> target id, None for the full vocabulary
     tokenizer: Any = None  # the target's tokenizer (heads trained on its ids check its fingerprint)
+    # the drafter's heads by name: a head may read a sibling's weights (the confidence head reads the
+    # Markov head's W1 rows); a head keeps this context rather than the sibling, so no weights are shared
+    # in its state_dict
+    heads: Mapping[str, nn.Module] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def of(cls, backbone) -> "HeadContext":
-        """The context of a `DFlashDrafter`."""
+    def of(cls, backbone, heads: Sequence[nn.Module] = ()) -> "HeadContext":
+        """The context of a `DFlashDrafter` composed with `heads`."""
         config = backbone.config
         vocab_map = backbone.head.vocab_map
         return cls(vocab_size=config.vocab_size, draft_vocab_size=config.draft_vocab_size or config.vocab_size,
                    hidden_size=config.hidden_size, block_size=config.block_size,
                    max_proposals=backbone.max_proposals, layout=config.layout,
                    embed_tokens=backbone.target.embed_tokens, d2t=None if vocab_map is None else vocab_map.d2t,
-                   tokenizer=getattr(backbone.target, "tokenizer", None))
+                   tokenizer=getattr(backbone.target, "tokenizer", None),
+                   heads=MappingProxyType({head.name: head for head in heads}))
 
 
 class SlotHead(nn.Module):
@@ -58,13 +67,16 @@ class SlotHead(nn.Module):
 
       bind(context)                                   refuse a drafter it cannot serve (ConfigError),
                                                       keep what it reads (e.g. the target's embeddings)
-      begin(anchor, hidden, base) -> state            once per block: anchor () target id, hidden (K, H),
-                                                      base (K, V_draft) backbone logits U_k
-      step(k, prev, hidden_k, logits_k, state)        slot k: prev () target id of x_{k-1} (x_0 = anchor),
-          -> (logits_k, state)                        logits_k (V_draft) after the heads before this one
+      begin(anchor, hidden, base) -> state            once per round, for the R rows' blocks together:
+                                                      anchor (R,) target ids, hidden (R, K, H),
+                                                      base (R, K, V_draft) backbone logits U_k
+      step(k, prev, hidden_k, logits_k, state)        slot k of every row: prev (R,) target ids of x_{k-1}
+          -> (logits_k, state)                        (x_0 = the anchor), hidden_k (R, H), logits_k
+                                                      (R, V_draft) after the heads before this one; a row's
+                                                      result depends on that row's inputs and state only
       block_logits(prev, hidden, logits) -> (N, K, V) teacher forced (training): prev (N, K) target ids,
                                                       hidden (N, K, H), logits (N, K, V_draft); must equal
-                                                      running `step` over each block
+                                                      running `step` over the blocks
       describe() -> dict                              the config.json entry its builder reads back
 
     Heads are applied in order; the final logits give the drafted token and, when sampling, its
@@ -84,57 +96,104 @@ class SlotHead(nn.Module):
         raise NotImplementedError
 
     def block_logits(self, prev: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """Default: run `step` slot by slot over each block (subclasses may vectorise)."""
+        """Default: run `step` slot by slot over all N blocks at once (subclasses may vectorise further)."""
+        state = self.begin(prev[:, 0], hidden, logits)
         out = []
-        for n in range(prev.shape[0]):
-            state = self.begin(prev[n, 0], hidden[n], logits[n])
-            row = []
-            for k in range(prev.shape[1]):
-                logits_k, state = self.step(k, prev[n, k], hidden[n, k], logits[n, k], state)
-                row.append(logits_k)
-            out.append(torch.stack(row))
-        return torch.stack(out)
+        for k in range(prev.shape[1]):
+            logits_k, state = self.step(k, prev[:, k], hidden[:, k], logits[:, k], state)
+            out.append(logits_k)
+        return torch.stack(out, dim=1)
 
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
 
-#: The slot heads: name in config.json `heads` -> "module:builder", builder(spec) rebuilding the head from
-#: its `describe()`. The module is imported only when a checkpoint or a recipe names the head.
-SLOT_HEAD_BUILDERS: dict[str, str] = {
+class ScoringHead(nn.Module):
+    """A head that scores slot k (the chance it survives verification) instead of rescoring its logits;
+    the pruning rule (`pruning.Pruning`) reads it. A subclass sets `name` and implements:
+
+      bind(context)                                  refuse a drafter it cannot serve (ConfigError); a head
+                                                     reading a sibling finds it in `context.heads`
+      slot_logits(prev, hidden) -> (...) float32     pre-sigmoid scores: prev (...) target ids of x_{k-1},
+                                                     hidden (..., H); decoding reads one slot, training all
+      describe() -> dict                             the config.json entry its builder reads back
+    """
+
+    name = "scoring"
+
+    def bind(self, context: HeadContext) -> None:  # noqa: D401 - optional hook
+        """Refuse a drafter this head cannot serve (ConfigError); default: accept any."""
+
+    def slot_logits(self, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+#: Every head: name in config.json `heads` -> "module:builder", builder(spec) rebuilding the head from its
+#: `describe()`; its class says its kind (`SlotHead` or `ScoringHead`). The module is imported only when a
+#: checkpoint or a recipe names the head. The trainer builds the heads whose module has `new_head` in this
+#: order (which fixes their seeded initialisation).
+HEAD_BUILDERS: dict[str, str] = {
     "markov": "blockdraft.drafters.markov:head_from_spec",  # DSpark Markov head
+    "confidence": "blockdraft.drafters.confidence:head_from_spec",  # DSpark confidence head (scores slots)
     "local": "blockdraft.drafters.local_head:head_from_spec",  # DeLS-Spec local-head fusion
     "domino": "blockdraft.drafters.domino:head_from_spec",  # Domino GRU residual
 }
-#: The one head that scores slots instead of rescoring them: DSpark's confidence head, read by pruning.
-CONFIDENCE_HEAD = "confidence"
-#: Builders registered at run time (`register_slot_head`), e.g. by code outside the package.
-SLOT_HEADS: dict[str, Callable[[Mapping[str, Any]], SlotHead]] = {}
+#: Builders registered at run time (`register_head`), e.g. by code outside the package.
+HEADS: dict[str, Callable[[Mapping[str, Any]], nn.Module]] = {}
 
 
-def register_slot_head(name: str, builder: Callable[[Mapping[str, Any]], SlotHead]) -> None:
+def register_head(name: str, builder: Callable[[Mapping[str, Any]], nn.Module]) -> None:
     """Make `checkpoints.headed.build_heads` rebuild heads saved under `name` (a head defined outside
-    `SLOT_HEAD_BUILDERS`)."""
-    if name in SLOT_HEAD_BUILDERS or name == CONFIDENCE_HEAD:
+    `HEAD_BUILDERS`)."""
+    if name in HEAD_BUILDERS:
         raise ValueError(f"{name!r} is a built-in head name")
-    SLOT_HEADS[name] = builder
+    HEADS[name] = builder
 
 
-def slot_head_builder(name: str) -> Callable[[Mapping[str, Any]], SlotHead] | None:
-    """The builder of slot head `name` (None for a name no head has)."""
-    if name in SLOT_HEADS:
-        return SLOT_HEADS[name]
-    if name not in SLOT_HEAD_BUILDERS:
+def head_builder(name: str) -> Callable[[Mapping[str, Any]], nn.Module] | None:
+    """The builder of head `name` (None for a name no head has)."""
+    if name in HEADS:
+        return HEADS[name]
+    if name not in HEAD_BUILDERS:
         return None
-    module, builder = SLOT_HEAD_BUILDERS[name].split(":")
+    module, builder = HEAD_BUILDERS[name].split(":")
     return getattr(importlib.import_module(module), builder)
 
 
-def new_slot_head(name: str, context: HeadContext, **options) -> SlotHead:
-    """A fresh slot head `name` shaped for `context` (its module's `new_head`), e.g. for training."""
-    if name not in SLOT_HEAD_BUILDERS:
-        raise ConfigError(f"no slot head {name!r}; known: {', '.join(SLOT_HEAD_BUILDERS)}")
-    module = importlib.import_module(SLOT_HEAD_BUILDERS[name].split(":")[0])
+def head_module(name: str) -> ModuleType:
+    """The module defining built-in head `name`."""
+    if name not in HEAD_BUILDERS:
+        raise ConfigError(f"no head {name!r}; known: {', '.join(HEAD_BUILDERS)}")
+    return importlib.import_module(HEAD_BUILDERS[name].split(":")[0])
+
+
+def trainable_heads() -> dict[str, tuple[str, ...]]:
+    """The heads the trainer builds fresh (their module has `new_head`) -> the options a recipe may give
+    each (the keyword arguments of its `new_head`), in the order they are built."""
+    out = {}
+    for name in HEAD_BUILDERS:
+        new_head = getattr(head_module(name), "new_head", None)
+        if new_head is not None:
+            out[name] = tuple(p.name for p in inspect.signature(new_head).parameters.values()
+                              if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return out
+
+
+def new_head(name: str, context: HeadContext, **options) -> nn.Module:
+    """A fresh head `name` shaped for `context` (its module's `new_head`), e.g. for training; a head
+    reading a sibling finds the ones built before it in `context.heads`."""
+    module = head_module(name)
     if not hasattr(module, "new_head"):
         raise ConfigError(f"the {name} head is not built fresh by the trainer (its module has no new_head)")
     return module.new_head(context, **options)
+
+
+def positive_int_options(name: str, options: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """Refuse a recipe option of head `name` among `keys` that is not a positive integer (sizes, ranks)."""
+    for key in keys:
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"heads.{name}.{key} must be a positive integer, got {value!r}")

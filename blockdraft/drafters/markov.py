@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from .heads import HeadContext, SlotHead
+from .heads import HeadContext, SlotHead, positive_int_options
 
 MARKOV_VARIANTS = ("linear", "gated", "rnn")
 #: DeepSpec's `markov_head_type` names -> ours
@@ -112,7 +112,7 @@ class MarkovHead(SlotHead):
         return self.markov_w2.weight.new_zeros(*batch_shape, self.rank)
 
     def begin(self, anchor: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> torch.Tensor | None:
-        return self.initial_state(())
+        return self.initial_state(tuple(anchor.shape))  # one state per row
 
     def step(self, k: int, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor,
              state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -157,6 +157,14 @@ def head_from_spec(spec: Mapping[str, Any]) -> MarkovHead:
                       hidden_size=spec.get("hidden_size"), out_vocab_size=spec.get("out_vocab_size"))
 
 
-def new_head(context: HeadContext, **options) -> MarkovHead:
+def new_head(context: HeadContext, *, rank: int = DEFAULT_MARKOV_RANK, variant: str = "linear") -> MarkovHead:
     """A fresh head for a drafter, from a recipe's options."""
-    return MarkovHead.for_context(context, **options)
+    return MarkovHead.for_context(context, rank=rank, variant=variant)
+
+
+def check_options(options: Mapping[str, Any], heads: Mapping[str, Mapping[str, Any]]) -> None:
+    """A recipe's `heads.markov` options."""
+    positive_int_options("markov", options, ("rank",))
+    variant = options.get("variant", "linear")
+    if variant not in VARIANT_ALIASES:
+        raise ConfigError(f"heads.markov.variant must be one of {sorted(VARIANT_ALIASES)}, got {variant!r}")

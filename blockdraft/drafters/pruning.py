@@ -6,8 +6,8 @@
   still rises (`blockdraft.cost`, the one cost rule), with t_verify(k) the time of a target pass over
   k + 1 tokens (`blockdraft.cost.measure_verify_cost` times it).
 Both rules decide on slot k from c_1..c_k alone, so sampled verification stays lossless. c_k is the
-confidence head's (`confidence.py`) when the rule has one, else the peak of the slot's own draft
-distribution, max_v q_k(v).
+rule's scoring head's, σ of its score (DSpark's confidence head, `confidence.py`), when it has one, else
+the peak of the slot's own draft distribution, max_v q_k(v).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import torch
 from .. import acceptance
 from ..config import ConfigError
 from ..cost import best_prefix, one_row_curve
-from .confidence import ConfidenceHead
-from .heads import HeadContext
+from .heads import HeadContext, ScoringHead
 
 CostCurve = Sequence[float] | Mapping[int, float] | Callable[[int], float]
 
@@ -50,13 +49,13 @@ def cost_aware_length(confidence: torch.Tensor, verify_cost: Callable[[int], flo
 class Pruning:
     """Where a drafted block stops: `threshold` (0 = off) and/or cost-aware pruning against `verify_cost`,
     t_verify(k) for k = 0..max_proposals (seconds, or any unit shared with `draft_cost`; `draft_cost`
-    None = each round's measured backbone time), from c_k of `confidence` or, without one, the slot's
-    peak draft probability."""
+    None = each round's measured backbone time), from c_k of the scoring head `confidence` (bound with the
+    drafter's other heads) or, without one, the slot's peak draft probability."""
 
     threshold: float = 0.0
     verify_cost: CostCurve | None = None
     draft_cost: float | None = None
-    confidence: ConfidenceHead | None = None
+    confidence: ScoringHead | None = None
 
     def __post_init__(self):
         if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold <= 1.0):
@@ -70,17 +69,16 @@ class Pruning:
     def active(self) -> bool:
         return self.threshold > 0 or self.verify_cost is not None
 
-    def bind(self, context: HeadContext, slot_heads: Sequence[torch.nn.Module]) -> None:
-        """Check the confidence head against the drafter and resolve the cost curve for its block."""
-        if self.confidence is not None:
-            self.confidence.bind(context, slot_heads)
+    def bind(self, context: HeadContext) -> None:
+        """Resolve the cost curve for the drafter's block."""
         self.cost = one_row_curve(self.verify_cost, context.max_proposals) if self.verify_cost is not None else None
 
     def slot_confidence(self, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor) -> torch.Tensor:
-        """c_k () float32 of slot k: prev () target id of x_{k-1}, hidden_k (H,), logits_k (V_draft,)."""
+        """c_k (R,) float32 of slot k of R rows: prev (R,) target ids of x_{k-1}, hidden_k (R, H),
+        logits_k (R, V_draft)."""
         if self.confidence is not None:
             return torch.sigmoid(self.confidence.slot_logits(prev, hidden_k))
-        return torch.softmax(logits_k, dim=-1).max()
+        return torch.softmax(logits_k, dim=-1).amax(-1)
 
     def stops_before(self, k: int, confidences: Sequence[torch.Tensor], unconfident: bool, draft_s: float) -> bool:
         """Whether the block ends before slot k (>= 1 kept), given c_1..c_k (`confidences`, slot k last)

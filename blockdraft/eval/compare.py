@@ -34,7 +34,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..config import ConfigError
+from ..files import write_json_atomic, write_text_atomic
+from ..train.config import TrainConfig
+from ..train.loop import train
 from . import metrics as M
+from .bench import RESULTS, BenchConfig, read_results, run_bench
+from .report import _header
 
 #: recipe fields that define a fair comparison; a variant that changes one is flagged in the table
 FAIRNESS_FIELDS = ("target", "data", "seed", "max_steps", "num_layers", "block_size", "num_anchors",
@@ -80,8 +85,6 @@ def _split_top_level(text: str) -> list[str]:
 
 def variant_configs(recipe: str | Path, shared: list[str], variants: list[Variant], out_dir: Path) -> dict:
     """name -> TrainConfig, each validated before anything runs."""
-    from ..train.config import TrainConfig
-
     names = [v.name for v in variants]
     if len(variants) < 2:
         raise ConfigError("compare needs at least two --variant (one of them the baseline)")
@@ -115,15 +118,15 @@ def trained_final(config) -> Path | None:
     saved = final / "train_config.json"
     if not saved.exists():
         return None
-    if json.loads(saved.read_text()) != json.loads(json.dumps(config.to_dict())):
+    # read back through TrainConfig: a run saved before a field was renamed (domino_* -> objective_options) matches
+    if json.loads(json.dumps(type(config).from_dict(json.loads(saved.read_text())).to_dict())) \
+            != json.loads(json.dumps(config.to_dict())):
         raise ConfigError(f"{final} was trained with another configuration; choose another --out or delete "
                           f"{Path(config.out_dir)} (nothing was overwritten)")
     return final
 
 
 def train_variants(configs: Mapping[str, Any], log=print) -> dict[str, Path]:
-    from ..train.loop import train
-
     finals = {}
     for number, (name, config) in enumerate(configs.items(), 1):
         final = trained_final(config)
@@ -220,8 +223,6 @@ def read_curves(out_dir: str | Path) -> dict[str, list]:
 
 
 def render(summary: Mapping, configs: Mapping[str, Any], bench: Mapping, curves_png: str | None) -> str:
-    from .report import _header
-
     datasets = summary["datasets"]
     baseline = summary["baseline"]
     any_config = next(iter(configs.values()))
@@ -259,10 +260,10 @@ def draw_curves(run_dirs: Mapping[str, str | Path], out_path: Path) -> str | Non
     (`run_dirs`: label -> training out_dir holding metrics.jsonl). Returns the file name, or None
     without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # deferred: heavy to import, and only the plots need it (none without it)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: as matplotlib above
     except ImportError:
         return None
     curves = {name: read_curves(folder) for name, folder in run_dirs.items()}
@@ -293,9 +294,6 @@ def draw_curves(run_dirs: Mapping[str, str | Path], out_path: Path) -> str | Non
 
 
 def write_compare(out_dir: Path, configs: Mapping[str, Any], finals: Mapping[str, Path], baseline: str) -> Path:
-    from ..files import write_json_atomic, write_text_atomic
-    from .bench import RESULTS, read_results
-
     bench = read_results(out_dir / "bench" / RESULTS)
     summary = summarise(bench, finals, baseline)
     summary["varies"] = varying_fields(configs)
@@ -311,8 +309,6 @@ def run_compare(recipe: str, variants: Sequence[str], out: str | Path, *, overri
                 max_new_tokens: int = 128, temperature: float = 0.0, dtype: str = "bf16", threads: int | None = None,
                 device: str | None = None, seed: int = 0, overwrite: bool = False, log=print) -> Path:
     """Train every variant (`NAME[:field=value,...]`) of `recipe`, bench them in one run, write compare.md."""
-    from .bench import BenchConfig, run_bench
-
     out_dir = Path(out)
     parsed = [parse_variant(v) for v in variants]
     configs = variant_configs(recipe, list(overrides or []), parsed, out_dir)

@@ -3,12 +3,17 @@
 Every objective has the signature::
 
     fn(draft_logits (N, K, V), labels (N, K) long, mask (N, K) 0/1, *,
-       target_logits (N, K, V) | None = None, knobs: LossKnobs = LossKnobs(),
-       num_sequences: int | None = None) -> LossTerms
+       knobs: LossKnobs = LossKnobs(), num_sequences: int | None = None,
+       <the inputs it reads>) -> LossTerms
 
-The objectives that read the target's distribution (``SOFT_TARGET_LOSSES``: ``kl``, ``kl_decay``,
-``dpakl``) also take ``soft_targets: TopKTargets | None``, the cached top-k log-probabilities with
-their tail, in place of ``target_logits``; :func:`call_loss` and :func:`compose` pass it only to them.
+and its signature is its declaration: it names each further input it reads as a keyword argument,
+and :func:`call_loss` and :func:`compose` pass it only those (:func:`reads`). ``target_logits
+(N, K, V)`` is the target's logits at the block slots: an objective naming it makes the trainer run
+the target with logits (``dpace_target``, ``dpakl``, ``kl``, ``kl_decay``, ``dspark_heads``). The
+objectives that also name ``soft_targets: TopKTargets | None`` (``SOFT_TARGET_LOSSES``: ``kl``,
+``kl_decay``, ``dpakl``) read the cached top-k log-probabilities with their tail in its place, so
+they train from the feature cache too. An objective with recipe options declares them with
+``@takes_options`` (:func:`objective_options`; Domino's support variant and λ schedule).
 
 ``N`` = blocks in the micro-batch, ``K = B - 1`` proposal slots (slot ``j`` at index
 ``j - 1``). The loss value is ``num / den``; a trainer that accumulates or all-reduces
@@ -58,7 +63,7 @@ from .objectives import (accept_rate, auf, auf_decay, chain_reward, decay, dpace
                          l2r, topk_mask, uniform)
 from .selector import selector_ce, selector_weight, with_selector  # noqa: F401 (re-exported)
 from .terms import (DECAY_GAMMA_BY_BLOCK, LossFn, LossKnobs, LossTerms, Normalisation,  # noqa: F401 (re-exported)
-                    combine_terms, decay_weights, default_gamma, dpace_weights)
+                    Option, combine_terms, decay_weights, default_gamma, dpace_weights, takes_options)
 
 LOSSES: dict[str, LossFn] = {
     "uniform": uniform,
@@ -76,13 +81,29 @@ LOSSES: dict[str, LossFn] = {
     "kl": kl,
     "kl_decay": kl_decay,
 }
-#: Objectives with inputs beyond the target's logits, each an explicit keyword argument (train/batch.py
-#: supplies them): the DSpark heads' confidence logits, Domino's base-branch logits and λ.
+#: Objectives that train heads, with inputs beyond the target's logits, each an explicit keyword argument
+#: (train/batch.py supplies them): the DSpark heads' confidence logits, Domino's base-branch logits and λ.
 HEAD_LOSSES: dict[str, LossFn] = {"dspark_heads": dspark_heads, "domino": domino}
-# Objectives that read the target's distribution (online logits or the cached top-k), not only labels.
-SOFT_TARGET_LOSSES = frozenset({"dpakl", "kl", "kl_decay"})
 # Extra named terms for composition (they carry their own normalisation).
 TERMS: dict[str, LossFn] = {"first_error_focal": first_error_focal, "chain_reward": chain_reward}
+
+
+def reads(name: str) -> frozenset[str]:
+    """The keyword inputs objective or term `name` names in its signature (what `call_loss` passes it),
+    e.g. {"target_logits", "soft_targets", "knobs", "num_sequences"} for ``kl``."""
+    fn = {**LOSSES, **HEAD_LOSSES, **TERMS}.get(name)
+    if fn is None:
+        raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(sorted({**LOSSES, **HEAD_LOSSES, **TERMS}))}")
+    return frozenset(p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def objective_options(name: str) -> dict[str, Option]:
+    """The recipe options objective `name` declares (`@takes_options`), by name; {} for none."""
+    return dict(getattr(get_loss(name), "options", {}))
+
+
+# Objectives that read the target's distribution from the cached top-k as well as from online logits.
+SOFT_TARGET_LOSSES = frozenset(name for name in LOSSES if "soft_targets" in reads(name))
 
 
 def get_loss(name: str) -> LossFn:

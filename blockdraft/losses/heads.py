@@ -53,7 +53,7 @@ from torch import Tensor
 from blockdraft import acceptance
 from blockdraft.loss_kernels import chunked_log_probs_of_labels
 
-from .terms import LossKnobs, LossTerms, combine_terms, decay_weights, default_gamma
+from .terms import LossKnobs, LossTerms, Option, combine_terms, decay_weights, default_gamma, takes_options
 
 _KNOBS = LossKnobs()
 
@@ -135,14 +135,18 @@ def _branch(log_q: Tensor, m: Tensor, weights: Tensor, knobs: LossKnobs, num_seq
     return LossTerms(num, den.detach())
 
 
+@takes_options(variant=Option("decay", tuple(DOMINO_VARIANTS), "the support variant of Spec-AUF Table 3"),
+               lambda_start=Option(1.0, "[0, 1]", "λ at the first step"),
+               lambda_end=Option(0.0, "[0, 1]", "λ once annealed"),
+               anneal_ratio=Option(1.0, "(0, 1]", "the fraction of max_steps over which λ anneals"))
 def domino(final_logits: Tensor, labels: Tensor, mask: Tensor, *, base_logits: Tensor, lam: float,
-           variant: str = "decay", knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
-           target_logits: Tensor | None = None) -> LossTerms:
+           variant: str = "decay", knobs: LossKnobs = _KNOBS, num_sequences: int | None = None) -> LossTerms:
     """(1 − λ)·CE_final + λ·CE_base on the supports of `variant` (module doc).
 
     final_logits, base_logits (N, K, V_draft); labels (N, K) draft ids; mask (N, K) 0/1; lam in
     [0, 1]. Returns LossTerms with `extras` holding each branch's CE, accuracy and active ratio.
-    `target_logits` is accepted for the common objective signature and not read.
+    A recipe sets `variant` and λ's schedule (`lam` at each step, `train.schedule.domino_lambda`) in
+    `objective_options`.
     """
     if variant not in DOMINO_VARIANTS:
         raise ValueError(f"unknown Domino variant {variant!r}; choose one of {list(DOMINO_VARIANTS)}")

@@ -71,8 +71,7 @@ _KNOBS = LossKnobs()
 
 
 def uniform(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Position-uniform CE, ``w_j = 1`` (the L2R paper Eq. 7)."""
     stats, m = _stats(draft_logits, labels, mask, knobs)
@@ -80,8 +79,7 @@ def uniform(
 
 
 def decay(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """DFlash decayed CE, ``w_j = exp(−(j−1)/γ)`` (D-PACE Eq. 2 / App. B.2)."""
     stats, m = _stats(draft_logits, labels, mask, knobs)
@@ -103,28 +101,25 @@ def _dpace_family(name, part, draft_logits, labels, mask, target_logits, knobs, 
 
 
 def dpace(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """D-PACE: ``Σ_j w̄_j CE_j m_j``, ``w̄_j = Σ_{m≥j} Π_{i≤m} q̃_i`` detached (D-PACE Eq. 8-9)."""
-    return _dpace_family("dpace", "full", draft_logits, labels, mask, target_logits, knobs, num_sequences)
+    return _dpace_family("dpace", "full", draft_logits, labels, mask, None, knobs, num_sequences)
 
 
 def dpace_cumulative(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Cumulative-only ablation, ``w̄_j = Π_{i≤j} q̃_i`` (D-PACE App. B.3)."""
-    return _dpace_family("dpace_cumulative", "cumulative", draft_logits, labels, mask, target_logits, knobs,
+    return _dpace_family("dpace_cumulative", "cumulative", draft_logits, labels, mask, None, knobs,
                          num_sequences)
 
 
 def dpace_continuation(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Continuation-only ablation, ``w̄_j = f̃_j = 1 + Σ_{m>j} Π_{j<i≤m} q̃_i`` (D-PACE App. B.3)."""
-    return _dpace_family("dpace_continuation", "continuation", draft_logits, labels, mask, target_logits, knobs,
+    return _dpace_family("dpace_continuation", "continuation", draft_logits, labels, mask, None, knobs,
                          num_sequences)
 
 
@@ -137,8 +132,7 @@ def dpace_target(
 
 
 def accept_rate(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Accept-rate baseline ``−Σ_m Π_{j≤m} q_j`` — not detached, no smoothing (D-PACE App. B.2)."""
     stats, m = _stats(draft_logits, labels, mask, knobs)
@@ -148,8 +142,7 @@ def accept_rate(
 
 
 def topk_mask(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """GRIFFIN-style prefix mask ``w_j = Π_{i<j} 1[z*_i ∈ TopK(q_i)]`` (D-PACE App. B.2)."""
     stats, m = _stats(draft_logits, labels, mask, knobs, topk=knobs.topk)
@@ -200,8 +193,7 @@ def _chain_from_stats(stats: LabelStats, m: Tensor) -> LossTerms:
 
 
 def first_error_focal(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """First-error focal term ``L_fe`` (the L2R paper Eq. 10): CE at the first greedy error
     ``k*`` of each breakable block, weighted by ``w_{k*}(γ = l2r_gamma)``;
@@ -212,8 +204,7 @@ def first_error_focal(
 
 
 def chain_reward(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Chain reward ``R = (1/K) Σ_k exp(Σ_{j≤k} log q_j)`` per block (the L2R paper Eq. 12).
 
@@ -241,8 +232,7 @@ def _auf(name, draft_logits, labels, mask, knobs, num_sequences, with_decay: boo
 
 
 def auf(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """Accept-Until-Fail: uniform CE on valid slots up to and including the first argmax
     mismatch, the whole valid block if none (Spec-AUF §4). Support is detached."""
@@ -250,8 +240,7 @@ def auf(
 
 
 def auf_decay(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """AUF with the DFlash decay ``exp(−(j−1)/γ)`` inside the support (Spec-AUF §5.1)."""
     return _auf("auf_decay", draft_logits, labels, mask, knobs, num_sequences, with_decay=True)
@@ -310,8 +299,7 @@ def kl_decay(
 
 
 def l2r(
-    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, target_logits: Tensor | None = None,
-    knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
+    draft_logits: Tensor, labels: Tensor, mask: Tensor, *, knobs: LossKnobs = _KNOBS, num_sequences: int | None = None,
 ) -> LossTerms:
     """``decay(γ=l2r_gamma) + α_f L_fe − α_c R_chain`` (the L2R paper Eq. 13; γ=10, α_f=0.3, α_c=40).
 

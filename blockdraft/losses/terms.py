@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -70,6 +70,26 @@ class LossKnobs:
             )
         if self.chunk_rows is not None and (not isinstance(self.chunk_rows, int) or self.chunk_rows < 1):
             raise ValueError(f"chunk_rows={self.chunk_rows!r}: use a positive integer, or None for automatic")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A recipe option of one objective (`TrainConfig.objective_options`): its default and the values it
+    may take, a range as `config.check_ranges` reads it ("[0, 1]") or a tuple of choices."""
+
+    default: Any
+    allowed: str | tuple
+    meaning: str = ""
+
+
+def takes_options(**options: Option) -> Callable[[LossFn], LossFn]:
+    """Declare the recipe options an objective takes (read back by `losses.objective_options`)."""
+
+    def declare(fn: LossFn) -> LossFn:
+        fn.options = dict(options)
+        return fn
+
+    return declare
 
 
 @dataclass(frozen=True)

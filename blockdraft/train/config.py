@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import InitVar, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from ..files import read_text
 from ..config import MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS, ConfigError, check_field_types, check_ranges
+from ..devices import DTYPES, native_bf16
+from ..files import read_text
+from ..losses import LOSSES, SOFT_TARGET_LOSSES, TERMS, LossKnobs, objective_options, reads
+from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
+from .labels import LABEL_POLICIES
 
 FEATURE_MODES = ("online", "cached")
 DEFAULT_CACHE_TOPK = 32
@@ -21,7 +27,6 @@ RANGES = {
     "max_length": ">= 1", "num_layers": f"[1, {MAX_DRAFT_LAYERS}]", "intermediate_size": ">= 1",
     "block_size": f"[2, {MAX_BLOCK_SIZE}]", "draft_vocab_size": ">= 1", "gamma": "> 0", "alpha": "[0, 1]",
     "topk": ">= 1", "alpha_f": ">= 0", "alpha_c": ">= 0", "l2r_gamma": "> 0",
-    "domino_lambda_start": "[0, 1]", "domino_lambda_end": "[0, 1]", "domino_anneal_ratio": "(0, 1]",
     "lr": "> 0", "warmup_ratio": "[0, 1)", "max_steps": ">= 1", "grad_clip": "> 0", "grad_accum": ">= 1",
     "sequences_per_step": ">= 1", "num_anchors": ">= 1", "weight_decay": ">= 0", "seed": ">= 0",
     "cache_topk": ">= 0", "threads": ">= 1", "heldout": ">= 0", "train_conversations": ">= 1",
@@ -71,11 +76,15 @@ class TrainConfig:
     # "domino": {"gru_size": 1024, "rank": 256}}; train_backbone=false freezes the drafter_init backbone
     heads: dict[str, dict[str, Any]] | None = None
     train_backbone: bool = True
-    # the domino objective: Spec-AUF Table 3 support variant, λ annealed start -> end over a fraction of max_steps
-    domino_variant: str = "decay"
-    domino_lambda_start: float = 1.0
-    domino_lambda_end: float = 0.0
-    domino_anneal_ratio: float = 1.0
+    # the options `objective` declares (losses.objective_options), e.g. domino's {"variant": "B-AUF+D",
+    # "lambda_start": 0.0}: Spec-AUF Table 3 support variant, λ annealed lambda_start -> lambda_end over the
+    # first anneal_ratio of max_steps; missing ones take their defaults, and the config holds them all
+    objective_options: dict[str, Any] | None = None
+    # Domino's options before `objective_options`, read from old recipes and saved configs (mapped there)
+    domino_variant: InitVar[str | None] = None
+    domino_lambda_start: InitVar[float | None] = None
+    domino_lambda_end: InitVar[float | None] = None
+    domino_anneal_ratio: InitVar[float | None] = None
     # DFlash 2 (a new drafter with arch="dflash2", or a drafter_init that is one): block convolutions and, with
     # selector_rank, the candidate selector; loss = objective + α·selector CE (losses/selector.py), α = 0 for
     # selector_warmup_steps steps, then ramped linearly to selector_alpha over selector_ramp_steps
@@ -119,26 +128,26 @@ class TrainConfig:
     log_every: int = 10
     keep_checkpoints: int = 2
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, domino_variant=None, domino_lambda_start=None, domino_lambda_end=None,
+                      domino_anneal_ratio=None) -> None:
         check_field_types(self)
         if self.target_layer_ids is not None:
             if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
                 raise ConfigError(f"target_layer_ids has repeated ids {list(self.target_layer_ids)}; give distinct ids")
             object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
-        from ..losses import LOSSES
-        from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
-
         if self.objective not in LOSSES and self.objective not in HEAD_OBJECTIVES:
             raise ConfigError(f"unknown objective {self.objective!r}; choose one of "
                               f"{sorted(LOSSES) + list(HEAD_OBJECTIVES)}")
         object.__setattr__(self, "heads", normalise_heads(self.heads))
+        legacy = {"variant": domino_variant, "lambda_start": domino_lambda_start, "lambda_end": domino_lambda_end,
+                  "anneal_ratio": domino_anneal_ratio}
+        object.__setattr__(self, "objective_options", resolve_objective_options(
+            self.objective, self.objective_options, {name: v for name, v in legacy.items() if v is not None}))
         if not isinstance(self.train_backbone, bool):
             raise ConfigError(f"train_backbone must be true or false, got {self.train_backbone!r}")
         check_ranges(self, RANGES)
         if self.autocast_bf16 not in (True, False, "auto"):
             raise ConfigError(f"autocast_bf16 must be true, false or \"auto\", got {self.autocast_bf16!r}")
-        from ..target import DTYPES
-
         if self.target_dtype not in DTYPES and self.target_dtype != "auto":
             raise ConfigError(f"target_dtype must be auto or one of {sorted(DTYPES)}, got {self.target_dtype!r}")
         if self.features not in FEATURE_MODES:
@@ -153,9 +162,6 @@ class TrainConfig:
         self._check_distillation()
 
     def _check_distillation(self) -> None:
-        from ..losses import LOSSES, TERMS
-        from .labels import LABEL_POLICIES
-
         if self.labels not in LABEL_POLICIES:
             raise ConfigError(f"labels must be one of {LABEL_POLICIES}, got {self.labels!r}")
         if self.objective_terms is not None:
@@ -175,6 +181,13 @@ class TrainConfig:
             if self.heads:
                 raise ConfigError("objective_terms compose backbone objectives; with heads the head objective "
                                   f"{self.objective} sets the loss: drop objective_terms or the heads")
+        # an objective naming `target_logits` but not `soft_targets` reads the whole distribution (`losses.reads`)
+        online_only = [name for name in self.loss_names()
+                       if "target_logits" in reads(name) and "soft_targets" not in reads(name)]
+        if self.features == "cached" and online_only:
+            raise ConfigError(f"objective {', '.join(online_only)} needs the target's full logits, which the feature "
+                              "cache does not store (it keeps the top-k log-probabilities that kl, kl_decay and "
+                              "dpakl read); use features=online")
         if self.labels != "regenerated" and self.heads:
             raise ConfigError(f"labels={self.labels} trains the backbone; head objectives read the text's own "
                               "tokens: use labels=regenerated with heads")
@@ -192,8 +205,6 @@ class TrainConfig:
         return [self.objective, *(self.objective_terms or {})]
 
     def soft_target_terms(self) -> set[str]:
-        from ..losses import SOFT_TARGET_LOSSES
-
         return set(self.loss_names()) & SOFT_TARGET_LOSSES
 
     def needs_teacher(self) -> bool:
@@ -207,8 +218,6 @@ class TrainConfig:
         return DEFAULT_CACHE_TOPK if self.needs_teacher() else 0
 
     def loss_knobs(self):
-        from ..losses import LossKnobs
-
         try:
             return LossKnobs(gamma=self.gamma, alpha=self.alpha, topk=self.topk, alpha_f=self.alpha_f,
                              alpha_c=self.alpha_c, l2r_gamma=self.l2r_gamma, normalisation=self.normalisation)
@@ -224,7 +233,7 @@ class TrainConfig:
     def from_dict(cls, raw: dict[str, Any]) -> "TrainConfig":
         if not isinstance(raw, dict):
             raise ConfigError(f"a training config is a JSON object of field: value, got a {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | set(LEGACY_OPTIONS)
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"unknown training config field(s) {unknown}; valid fields: {sorted(known)}")
@@ -248,8 +257,6 @@ class TrainConfig:
 
     def autocast(self, device: torch.device) -> bool:
         """Whether training runs under bf16 autocast on `device` (resolves "auto")."""
-        from ..target import native_bf16
-
         return native_bf16(device) if self.autocast_bf16 == "auto" else bool(self.autocast_bf16)
 
     def resume_key(self) -> dict[str, Any]:
@@ -260,21 +267,87 @@ class TrainConfig:
                 "eval_anchors", "out_dir", "data", "feature_cache"}
         # Fields added after runs were already saved are left out at their defaults, so those runs resume.
         later = {"labels": "regenerated", "objective_terms": None, "cache_topk": None, "intermediate_size": None}
-        return {k: v for k, v in self.to_dict().items() if k not in free and not (k in later and v == later[k])}
+        key = {k: v for k, v in self.to_dict().items() if k not in free and not (k in later and v == later[k])}
+        # Domino's options were flat fields before `objective_options` and stay spelled so here, so runs saved
+        # then resume and keep their run folder (`runs.default_run_dir` hashes this key).
+        options = key.pop("objective_options") or {}
+        domino = options if self.objective == "domino" else resolve_objective_options("domino", None, {})
+        key.update({field: domino[name] for field, name in LEGACY_OPTIONS.items()})
+        if self.objective != "domino" and options:
+            key["objective_options"] = options
+        return key
+
+
+#: the flat fields Domino's options had before `objective_options` -> the option each now is
+LEGACY_OPTIONS = {"domino_variant": "variant", "domino_lambda_start": "lambda_start",
+                  "domino_lambda_end": "lambda_end", "domino_anneal_ratio": "anneal_ratio"}
+
+
+def resolve_objective_options(objective: str, options: Any, legacy: dict[str, Any]) -> dict[str, Any] | None:
+    """Every option `objective` declares (`losses.objective_options`), given or at its default, checked
+    (ranges through `config.check_ranges`); None for an objective without options.
+
+    `legacy` holds Domino's options given as the old flat fields (`LEGACY_OPTIONS`, option -> value): each
+    saved config has them, at their defaults unless the run changed them, so those at their defaults are
+    dropped silently and the others are mapped with a note (dropped with one for another objective, which
+    never read them; an error when `objective_options` names the same option too)."""
+    declared = objective_options(objective)
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"objective_options must be an object of option: value, e.g. {{\"variant\": \"B-AUF\"}}, "
+                          f"or null; got {options!r}")
+    options = dict(options or {})
+    spelled = {name: f"objective_options.{name}" for name in options}
+    domino_defaults = {name: option.default for name, option in objective_options("domino").items()}
+    for name, value in legacy.items():
+        old, new = f"domino_{name}", f"objective_options.{name}"
+        if value == domino_defaults[name]:
+            continue  # every config saved before `objective_options` holds the defaults
+        if objective != "domino":
+            warnings.warn(f"{old}={value!r} is an option of objective domino and has no effect on {objective}; "
+                          "dropped", FutureWarning, stacklevel=4)
+            continue
+        if name in options:
+            raise ConfigError(f"{old} and {new} both set Domino's {name}: keep only {new}")
+        warnings.warn(f"{old} is deprecated; write \"objective_options\": {{\"{name}\": {json.dumps(value)}}} "
+                      "instead (read as that)", FutureWarning, stacklevel=4)
+        options[name], spelled[name] = value, f"{old} ({new})"
+    if not declared:
+        if options:
+            raise ConfigError(f"objective {objective} takes no objective_options (got {sorted(options)}); drop them")
+        return None
+    unknown = sorted(set(options) - set(declared))
+    if unknown:
+        raise ConfigError(f"objective_options has unknown option(s) {unknown} for objective {objective}; valid: "
+                          f"{list(declared)}")
+    resolved = {name: options.get(name, option.default) for name, option in declared.items()}
+    for name, option in declared.items():
+        if isinstance(option.allowed, tuple):
+            if resolved[name] not in option.allowed:
+                raise ConfigError(f"{spelled.get(name, name)} must be one of {list(option.allowed)} ({option.meaning}), "
+                                  f"got {resolved[name]!r}")
+        else:
+            check_ranges(SimpleNamespace(**{spelled.get(name, name): resolved[name]}),
+                         {spelled.get(name, name): option.allowed})
+    return resolved
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`field=value` strings; values parse as JSON when they can (numbers, null, lists), else as text."""
+    """`field=value` strings; values parse as JSON when they can (numbers, null, lists), else as text.
+    `objective_options.NAME=value` sets one option and keeps the recipe's others."""
     out = dict(raw)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    known = {f.name for f in dataclasses.fields(TrainConfig)} | set(LEGACY_OPTIONS)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like field=value")
         key, value = item.split("=", 1)
-        if key not in known:
+        field, _, option = key.partition(".")
+        if field not in known or (option and field != "objective_options"):
             raise ConfigError(f"unknown training config field {key!r} in override; valid fields: {sorted(known)}")
         try:
-            out[key] = json.loads(value)
+            value = json.loads(value)
         except json.JSONDecodeError:
-            out[key] = value
+            pass
+        if option:
+            value = {**(out.get(field) or {}), option: value}
+        out[field] = value
     return out

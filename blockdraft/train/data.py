@@ -9,14 +9,14 @@ import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
-from ..losses import SOFT_TARGET_LOSSES
+from ..data.conversations import TokenizedDataset
+from ..losses import reads
+from ..runs import find_data
 from ..target import Target
 from .config import TrainConfig
 from .distributed import Distributed
+from .features import FeatureCache, cache_features
 from .labels import Teacher, greedy_at_positions, policy_labels
-
-NEEDS_TARGET_LOGITS = {"dpace_target", "dpakl", "dspark_heads"}
-ONLINE_ONLY = NEEDS_TARGET_LOGITS - SOFT_TARGET_LOSSES  # need full target logits; the cache keeps the top-k only
 
 
 def sequence_indices(step: int, config: TrainConfig, world_size: int, dataset_size: int) -> list[int]:
@@ -56,12 +56,8 @@ class TrainingData:
 
     def __init__(self, config: TrainConfig, target: Target, layer_ids: tuple[int, ...], dist_info: Distributed, *,
                  features_deadline: float | None = None):
-        from ..data.conversations import TokenizedDataset
-
         if target.tokenizer is None:
             raise ConfigError(f"target {config.target} has no tokenizer: training needs it to template conversations")
-        from ..runs import find_data
-
         dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
                                    min_length=config.block_size + 1)
         self.dataset, self.train_ids, self.heldout = split_conversations(dataset, config)
@@ -72,16 +68,10 @@ class TrainingData:
         self.labels = config.labels
         self.needs_teacher = config.needs_teacher()
         self.soft = bool(config.soft_target_terms())
-        self.with_logits = bool(names & NEEDS_TARGET_LOGITS) or self.needs_teacher
+        # an objective naming `target_logits` in its signature reads them (`losses.reads`)
+        self.with_logits = any("target_logits" in reads(name) for name in names) or self.needs_teacher
         self.cache = None
-        if config.features == "cached":
-            online_only = sorted(names & ONLINE_ONLY)
-            if online_only:
-                raise ConfigError(f"objective {', '.join(online_only)} needs the target's full logits, which the "
-                                  "feature cache does not store (it keeps the top-k log-probabilities that kl, "
-                                  "kl_decay and dpakl read); use features=online")
-            from .features import FeatureCache, cache_features
-
+        if config.features == "cached":  # `TrainConfig` refused objectives that need the full logits
             folder = Path(config.feature_cache or Path(config.out_dir) / "features")
             topk = config.resolved_cache_topk()
             if dist_info.is_main:

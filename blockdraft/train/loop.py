@@ -16,6 +16,7 @@ position in the global batch), so `resume` continues to the same weights as an u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import time
@@ -27,14 +28,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ..checkpoints import init_drafter, load_drafter_model
+from ..checkpoints import init_drafter, load_drafter_model, save_drafter
 from ..config import ConfigError, default_target_layer_ids
 from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
 from ..files import LOCK_NAME, check_out_dir, folder_lock
 from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss, selector_ce, selector_weight, with_selector
-from ..target import Target, load_target
+from ..runs import default_run_dir
+from ..target import Target, load_target, pick_device
 from .batch import TeacherForcedBatch, teacher_forced_batch
 from .checkpoint import (TrainingError, check_room_for_run, check_same_data, latest_checkpoint, load_train_state,
                          save_checkpoint)
@@ -48,8 +50,6 @@ from .vocab import coverage, draft_vocabulary
 
 
 def _device(config: TrainConfig):
-    from ..target import pick_device
-
     device = pick_device(config.device, field="device")
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -73,10 +73,6 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     on the same folder is refused.
     """
     if config.out_dir is None:
-        import dataclasses
-
-        from ..runs import default_run_dir
-
         config = dataclasses.replace(config, out_dir=str(default_run_dir(config)))
         found = latest_checkpoint(Path(config.out_dir))
         resume = resume or found is not None  # a rerun of the same recipe picks its run up again
@@ -245,9 +241,9 @@ def _print_banner(run: Run) -> None:
           f"{list(drafter.target_layer_ids)} | {trains if heads else 'backbone'} | device {run.device}, "
           f"{torch.get_num_threads()} threads, world {run.dist_info.world_size} | steps "
           f"{run.start_step}->{config.max_steps}", flush=True)
-    if config.objective == "domino" and not config.train_backbone and config.domino_lambda_start > 0:
+    if config.objective == "domino" and not config.train_backbone and config.objective_options["lambda_start"] > 0:
         print("note: with a frozen backbone CE_base has no gradient, so λ > 0 only scales the head's "
-              "signal down; Domino-FT recipes set domino_lambda_start=0", flush=True)
+              "signal down; Domino-FT recipes set objective_options.lambda_start=0", flush=True)
 
 
 # ------------------------------------------------------------------ one step
@@ -408,8 +404,6 @@ def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, r
     progress.close()
     final = out_dir / "final"
     if dist_info.is_main and end_step == config.max_steps:
-        from ..checkpoints import save_drafter
-
         save_drafter(run.model, final, extra_files={"train_config.json": config.to_dict()}, heads=run.heads)
     return final if end_step == config.max_steps else (last_good or out_dir)
 
