@@ -21,6 +21,7 @@ from .config import ConfigError, DFlashConfig, SamplingConfig  # noqa: E402
 from .sanity import check_drafter_target  # noqa: E402
 from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
 from .drafters.base import Drafter, NoDrafter, Proposal  # noqa: E402
+from .drafters.tree import as_tree  # noqa: E402
 from .target import Target, load_target  # noqa: E402
 
 
@@ -41,8 +42,6 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
     if drafter is not None:
         check_drafter_target(drafter, target)
     if tree_budget is not None:
-        from .drafters.tree import as_tree
-
         if drafter is None:
             raise ConfigError("tree_budget needs a drafter: plain decoding has no draft to build a tree from")
         drafter = as_tree(drafter, tree_budget, target)

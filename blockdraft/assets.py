@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from tqdm import tqdm
@@ -287,6 +288,7 @@ def assemble_gguf(parts: list[Path], dest: Path, expected_sha256: str) -> Path:
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """GGUF -> HF folder: dequantize to bf16 (about 4 bytes of peak RAM per parameter), save safetensors."""
+    # deferred: torch and transformers, needed only to convert; assets otherwise names and fetches files
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -398,7 +400,6 @@ def _fetch_prompts(asset: PromptAsset) -> Path:
 
 
 def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version(package)
     except PackageNotFoundError:

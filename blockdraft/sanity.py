@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from .config import ConfigError, DFlashConfig
 
@@ -33,8 +34,6 @@ def check_finite(state: Mapping[str, torch.Tensor], source: str | Path) -> None:
 
 def header_shapes(weights: str | Path) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape from a safetensors header, without reading the tensors."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(weights), "pt") as handle:
             return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}

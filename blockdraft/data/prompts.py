@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from ..assets import path as asset_path
 from ..files import read_text
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -152,7 +153,7 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def _read_saved_dataset(folder: Path) -> list[dict]:
     try:
-        from datasets import DatasetDict, load_from_disk
+        from datasets import DatasetDict, load_from_disk  # deferred: an optional dependency, for such folders only
     except ImportError:
         raise PromptError(f"{folder} is a folder: reading a datasets.save_to_disk folder needs `pip install "
                           f"datasets` (or export it to JSONL)") from None
@@ -187,7 +188,6 @@ def load_prompts(name: str, *, path: str | Path | None = None, n: int | None = N
         if spec.asset is None:
             raise PromptError(f"{name} is not shipped in any package: pass path= (a JSONL file or a "
                               f"datasets.save_to_disk folder) with its usual fields")
-        from ..assets import path as asset_path
         path = asset_path(spec.asset)
     rows = read_rows(path)
     if shipped_file and len(rows) != spec.size:
@@ -263,7 +263,6 @@ def load_sharegpt(path: str | Path | None = None, *, n: int | None = None, code_
     """Opening user turn of every complete ShareGPT record (the shipped file is truncated), deduplicated
     by id and by text. Of the shipped file's 17,671 complete records about 11k open with the user."""
     if path is None:
-        from ..assets import path as asset_path
         path = asset_path("sharegpt")
     text = read_text(path, what="ShareGPT file")
     prompts, seen_ids, seen_texts = [], set(), set()

@@ -25,10 +25,11 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from ..assets import AssetError, resolve_model
 from ..config import ConfigError
 from ..files import check_out_file, check_writable, named_disk_errors, sibling_lock
 from .chat import chat_text
-from .prompts import Prompt
+from .prompts import SHIPPED, Prompt, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,6 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
     says would end after it; at least one batch runs, and a re-run continues where it stopped.
     `protect`: input files `out_jsonl` must not be (the prompts file); the target's folder always is.
     """
-    from ..assets import resolve_model
-
     for name, value, low in (("n", n, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1),
                              ("max_prompt_tokens", max_prompt_tokens, 1)):
         if not isinstance(value, int) or value < low:
@@ -168,6 +167,7 @@ def _regen_locked(folder, target, prompts: Sequence[Prompt], n: int, out_jsonl: 
                   dtype, progress: bool, deadline: float | None) -> RegenStats:
     """`regen` once its --out is checked and locked (a second run on the same file is refused, so no
     conversation is written twice)."""
+    # deferred: transformers (also through target.py), needed only to write conversations, not to list prompts
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..target import parse_dtype
@@ -253,9 +253,6 @@ def _regen_locked(folder, target, prompts: Sequence[Prompt], n: int, out_jsonl: 
 
 def training_prompts(source: str) -> list[Prompt]:
     """ShareGPT or a JSONL file, minus anything overlapping the shipped benchmark prompts."""
-    from ..assets import AssetError
-    from .prompts import SHIPPED, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
-
     if source in ("sharegpt", "sharegpt-code"):
         prompts = load_sharegpt(code_only=source == "sharegpt-code")
     else:

@@ -13,6 +13,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from ..config import SamplingConfig
+from ..decode.tree import check_tree, is_chain
 
 
 @dataclass
@@ -43,8 +44,6 @@ class Proposal:
         if self.parents is None:
             return None
         if "_tree_parents" not in self.__dict__:  # checked once: the loop, the cache and the records all ask
-            from ..decode.tree import check_tree, is_chain
-
             check_tree(self.tokens, self.parents)
             self.__dict__["_tree_parents"] = None if is_chain(self.parents) else self.parents
         return self.__dict__["_tree_parents"]

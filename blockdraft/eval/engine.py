@@ -14,6 +14,7 @@ import torch
 from .. import generate
 from ..checkpoints import init_drafter, load_drafter
 from ..drafters.small_ar import SmallARDrafter
+from ..drafters.tree import TreeDrafter
 from ..target import load_target, pick_device
 from ..tiny import tiny_target
 from .bench import render_chat
@@ -50,8 +51,6 @@ def engine_overhead(target: str, *, drafter: str | None = None, draft_model: str
         chosen = init_drafter(loaded, num_layers=layers, block_size=block_size)
         label = f"fresh DFlash ({layers} layer, block {block_size})"
     if tree is not None:
-        from ..drafters.tree import TreeDrafter
-
         chosen = TreeDrafter(chosen, tree, target=loaded)
         label += f", tree {tree}"
     prompt_ids = _prompt_ids(loaded, prompt)

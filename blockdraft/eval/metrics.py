@@ -303,7 +303,7 @@ def surrogate_spearman(records: Iterable[Mapping]) -> Surrogate | None:
                 emitted.append(count)
     if len(q_rows) < 3:
         return None
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # deferred: scipy is heavy to import and only this statistic needs it
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # constant input -> nan, reported as such

@@ -19,6 +19,7 @@ import torch
 from ..checkpoints import init_drafter
 from ..config import default_target_layer_ids
 from ..data.anchors import sample_anchors
+from ..data.conversations import TokenizedDataset
 from ..losses import get_loss
 from ..target import load_target, pick_device
 from ..timing import timed
@@ -34,8 +35,6 @@ def _peak_rss_gib() -> float:
 def _batch(target, data: str | None, seq_len: int, block_size: int):
     """One training sequence: the longest conversation of `data`, or random tokens of `seq_len`."""
     if data:
-        from ..data.conversations import TokenizedDataset
-
         dataset = TokenizedDataset(data, target.tokenizer, max_length=seq_len, min_length=block_size + 1)
         item = max(dataset, key=len)
         return item.input_ids, item.loss_mask, dataset

@@ -29,13 +29,16 @@ from tqdm import tqdm
 
 from ..config import MAX_BLOCK_SIZE, ConfigError, check_field_types, check_ranges
 from ..data.anchors import sample_anchors
-from ..data.conversations import shuffled_indices
+from ..data.conversations import TokenizedDataset, shuffled_indices
 from ..checkpoints.local_head import save_local_head
 from ..drafters.local_head import (DEFAULT_GRU_HIDDEN, DEFAULT_LOCAL_BLOCK, DEFAULT_LOCAL_RANK, DEFAULT_SMOOTHING,
                                    LOCAL_VARIANTS, MAX_FUSION_WEIGHT, LocalHead, LocalHeadConfig, UnigramPrior,
                                    count_loss_tokens, find_fusion_head, tokenizer_fingerprint)
 from ..losses import LossKnobs, decay, decay_weights, uniform
+from ..target import load_target
+from .batch import teacher_forced_batch
 from .blocks import build_blocks
+from .checkpoint import TrainingError
 from .schedule import cosine_with_warmup
 
 
@@ -173,8 +176,6 @@ def fit_local_head(head: LocalHead, conversations: Sequence, config: LocalHeadTr
                                                 gamma=config.gamma, chunk=chunk, den=den)
         loss = num / den if den else 0.0
         if not math.isfinite(loss):
-            from .checkpoint import TrainingError
-
             raise TrainingError(f"local head loss became {loss} at step {step}; lower lr (now {config.lr})")
         torch.nn.utils.clip_grad_norm_(parameters, config.grad_clip)
         optimizer.step()
@@ -187,9 +188,6 @@ def fit_local_head(head: LocalHead, conversations: Sequence, config: LocalHeadTr
 def train_local_head(config: LocalHeadTrainConfig, *, progress: bool = True) -> Path:
     """Load the target's tokenizer (and embeddings), tokenise the data, compute the prior, train the
     head, write the local head folder atomically. Returns the folder."""
-    from ..data.conversations import TokenizedDataset
-    from ..target import load_target
-
     if not (config.target and config.data and config.out_dir):
         raise ConfigError("train-local-head needs target, data and out_dir")
     target = load_target(config.target, dtype=config.target_dtype, device=config.device)
@@ -228,8 +226,6 @@ def fit_fusion_weights(drafter, conversations: Sequence, *, steps: int, lr: floa
     valid slots); target, backbone, local head, prior and any other head stay frozen. Fixed α/β become
     per-position vectors initialised to them (one entry per proposal slot). Target features are
     computed online, one conversation per step. Returns the losses."""
-    from .batch import teacher_forced_batch
-
     if steps < 1 or num_anchors < 1 or not lr > 0:
         raise ConfigError(f"need steps >= 1, num_anchors >= 1 and lr > 0, got {steps}, {num_anchors}, {lr}")
     if not len(conversations):

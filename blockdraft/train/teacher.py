@@ -19,16 +19,20 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
+from ..config import ConfigError, DFlashConfig, default_target_layer_ids
+from ..data.conversations import TokenizedDataset
+from ..runs import default_cache_dir, default_run_dir, find_data
+from ..target import load_target, pick_device
 from .config import DEFAULT_CACHE_TOPK, TrainConfig
+from .data import split_conversations
+from .features import cache_features
+from .labels import greedy_at_positions, prefix_consistency_report
 
 LOGPROB_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
 
 def layer_ids_for(config: TrainConfig, target) -> tuple[int, ...]:
     """The target layers the run will read: the drafter_init's, the recipe's, or the default ids (config.default_target_layer_ids)."""
-    from ..config import DFlashConfig, default_target_layer_ids
-
     if config.drafter_init:
         path = Path(config.drafter_init) / "config.json"
         try:
@@ -44,12 +48,6 @@ def build_cache(config: TrainConfig, *, out: str | None = None, logprob_dtype: t
     else the recipe's feature_cache, else (`from_recipe`) the folder its run reads (<out_dir>/features,
     out_dir defaulting under $BLOCKDRAFT_HOME/runs), else a folder under $BLOCKDRAFT_HOME/features named
     by target, data, layers and k. Returns (cache, report)."""
-    from ..data.conversations import TokenizedDataset
-    from ..runs import default_cache_dir, find_data
-    from ..target import load_target, pick_device
-    from .features import cache_features
-    from .labels import greedy_at_positions, prefix_consistency_report
-
     device = pick_device(config.device, field="device")
     target = load_target(config.target, dtype=config.target_dtype, device=device)
     if target.tokenizer is None:
@@ -57,16 +55,12 @@ def build_cache(config: TrainConfig, *, out: str | None = None, logprob_dtype: t
     dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
                                min_length=config.block_size + 1)
     if from_recipe:  # the conversations the recipe's run reads (train_conversations narrows them)
-        from .data import split_conversations
-
         dataset = split_conversations(dataset, config)[0]
     layer_ids = layer_ids_for(config, target)
     topk = config.resolved_cache_topk()
     if out or config.feature_cache:
         folder = Path(out or config.feature_cache)
     elif from_recipe:  # where the recipe's run looks: <out_dir>/features, out_dir defaulting under the home
-        from ..runs import default_run_dir
-
         folder = Path(config.out_dir or default_run_dir(config)) / "features"
     else:
         folder = default_cache_dir(config.target, dataset.fingerprint, layer_ids, topk)
