@@ -515,3 +515,26 @@ def test_selector_trees_are_lossless_and_hold_the_selector_chain():
         node = next(i for i, p in enumerate(parents) if p == (-1 if node is None else node))
         path.append(tokens[node])
     assert path == chain.tokens.tolist()
+
+
+def test_a_tree_budget_over_a_selector_drafter_grows_the_selector_tree():
+    """`generate(tree_budget=N)` and bench's `tree=N` give a DFlash 2 drafter with a selector the selector's
+    tree (not DDTree over the backbone's marginals, which ignore the selector); "measured" and drafters
+    without a selector keep the marginal tree; greedy output stays plain decoding's."""
+    from blockdraft.drafters.selector_tree import SelectorTree
+    from blockdraft.drafters.tree import TreeDrafter, as_tree
+
+    target = tiny_target("qwen3")
+    drafter = init_drafter(target, num_layers=1, block_size=6, arch="dflash2", selector_rank=8, selector_top_k=4)
+    randomise_dflash2(drafter, conv=0.05, selector=0.5)
+    assert isinstance(as_tree(drafter, 12, target), SelectorTree)
+    assert isinstance(as_tree(drafter, "measured", target), TreeDrafter)
+    no_selector = init_drafter(target, num_layers=1, block_size=6, arch="dflash2", selector_rank=None)
+    assert isinstance(as_tree(no_selector, 12, target), TreeDrafter)
+    with pytest.raises(ConfigError, match="already builds trees"):
+        as_tree(as_tree(drafter, 12, target), 12, target)
+    prompt = prompts(1, seed=7)[0]
+    plain = blockdraft.generate(target, None, prompt, max_new_tokens=24, stop_token_ids=()).tokens
+    result = blockdraft.generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=(), tree_budget=12)
+    assert result.tokens == plain
+    assert any(r.draft_parents is not None and len(r.draft_parents) > 1 for r in result.rounds)

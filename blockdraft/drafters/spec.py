@@ -50,8 +50,9 @@ from ..target import Target, load_target
 from .headed import HeadedDrafter
 from .lookup import CorpusIndex, LookupDrafter
 from .pruning import Pruning
+from .selector_tree import SelectorTree
 from .small_ar import SmallARDrafter
-from .tree import MAX_TREE_BUDGET, TreeDrafter, check_budget
+from .tree import MAX_TREE_BUDGET, TreeDrafter, as_tree, check_budget
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_SMALL_AR_PROPOSALS = 4  # K of `small-ar` (B = 5) unless proposals=K or bench's --block-size says otherwise
@@ -280,12 +281,14 @@ def parse_spec(text: str) -> DrafterSpec:
 
 def build_drafter(spec: DrafterSpec, context: BuildContext) -> tuple[Any, dict]:
     """The spec's drafter (None for `ar`) and its description; `tree=` wraps any kind's chain drafter in a
-    `TreeDrafter` (a kind that builds its own tree, as `hybrid`, reads the option itself)."""
+    tree drafter (`as_tree`: DDTree over a DFlash 2 selector's scores, else over per-slot marginals; a kind
+    that builds its own tree, as `hybrid`, reads the option itself)."""
     drafter, info = DRAFTERS[spec.kind].build(spec.arg, spec.options, context)
     tree = spec.options["tree"]
     if tree is not None and not isinstance(drafter, TreeDrafter):
-        drafter = TreeDrafter(drafter, tree, labels=[spec.kind], target=context.target)
+        drafter = as_tree(drafter, tree, context.target, labels=[spec.kind])
         info["tree"] = tree
+        info["tree_from"] = "selector" if isinstance(drafter, SelectorTree) else "marginals"
     return drafter, info
 
 

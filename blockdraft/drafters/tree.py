@@ -41,6 +41,7 @@ from ..cost import TargetVerifyCost, VerifyCost, best_prefix, rows_curve
 from ..decode.rows import PerRowDrafters
 from ..decode.tree import TreeBuilder, best_first_tree
 from ..target import Target
+from .selector_tree import SelectorTree
 from .base import Drafter, Proposal
 
 MAX_TREE_BUDGET = 256
@@ -48,14 +49,25 @@ MEASURED_MAX_NODES = 64
 _ARGMAX = SamplingConfig(temperature=0.0)
 
 
-def as_tree(drafter: Drafter, budget: int | str | None, target: Target) -> Drafter:
-    """`drafter` itself for budget None (chains); else a `TreeDrafter` over it."""
+def as_tree(drafter: Drafter, budget: int | str | None, target: Target, *,
+            labels: Sequence[str] | None = None) -> Drafter:
+    """`drafter` itself for budget None (chains); else a tree drafter over it: for a DFlash 2 drafter with a
+    candidate selector and a budget of N nodes, DDTree over the selector's conditional scores
+    (`SelectorTree`); otherwise a `TreeDrafter` (DDTree over per-slot marginals; "measured" sizes each round's
+    tree by the verify cost, which the selector tree does not do yet, so it takes that path too)."""
     check_budget(budget)
     if budget is None:
         return drafter
-    if isinstance(drafter, TreeDrafter):
+    if isinstance(drafter, (TreeDrafter, SelectorTree)):
         raise ConfigError("this drafter already builds trees with its own budget; pass tree_budget=None")
-    return TreeDrafter(drafter, budget, target=target)
+    if isinstance(budget, int) and has_selector(drafter):
+        return SelectorTree(drafter, budget)
+    return TreeDrafter(drafter, budget, labels=labels, target=target)
+
+
+def has_selector(drafter: Drafter) -> bool:
+    """A DFlash 2 drafter (not wrapped in heads, which choose tokens their own way) with a selector."""
+    return getattr(getattr(drafter, "model", None), "candidate_selector", None) is not None
 
 
 def check_budget(budget: int | str | None) -> None:
@@ -109,8 +121,8 @@ class TreeDrafter:
         of a batch."""
         unspawnable = [label for source, label in zip(self.sources, self.labels) if not hasattr(source, "spawn")]
         if unspawnable:
-            raise ConfigError(f"tree source(s) {unspawnable} keep per-sequence state they cannot copy (headed "
-                              "drafters are batch-1 only): decode one prompt at a time with generate()")
+            raise ConfigError(f"tree source(s) {unspawnable} keep per-sequence state they cannot copy (they have "
+                              "no spawn()): decode one prompt at a time with generate()")
         return TreeDrafter([source.spawn() for source in self.sources], self.budget, labels=self.labels,
                            verify_cost=self.verify_cost, max_nodes=self.max_nodes, keep_chain=self.keep_chain,
                            fallback=self.fallback)
