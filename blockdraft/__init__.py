@@ -66,8 +66,8 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
     its tokens are what `generate` gives for that prompt alone (greedy: the same tokens; sampling: the
     same distribution). All rows share one temperature/top-k/top-p. `seed`: an integer gives row r the
     seed `seed + r`; a list gives one seed per row (the same seed as `generate` draws the same tokens).
-    Drafters: plain (None), small-AR, lookup, DFlash and trees over them (each row verifies its own tree in the
-    shared pass); headed drafters are batch-1 only.
+    Drafters: plain (None), small-AR, lookup, DFlash with or without heads and pruning, and trees over them
+    (each row verifies its own tree in the shared pass).
     `max_batch`: at most this many prompts decode at once; a finished row's slot goes to the next waiting
     prompt (continuous batching). None: all at once. `num_proposals="measured"`: each round's proposals per
     row chosen from the verify cost at the current row count and the acceptance seen so far

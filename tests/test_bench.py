@@ -338,13 +338,14 @@ def test_batch_sizes_measure_requests_together_against_batched_ar(assets, tmp_pa
     assert pools == {("T/0", "T/1", "T/2", "T/3")}
 
 
-def test_batch_sizes_refuse_batch_one_methods():
-    for methods in (("hf-prompt-lookup",), ("dflash:d,threshold=0.5",), ("dflash:d,cost=measured,tree=8",)):
-        with pytest.raises(ConfigError, match="batch-1 only"):
-            BenchConfig(target="t", methods=methods, datasets=("gsm8k",), batch_sizes=(1, 2))
-    # trees, lookup branches, hybrids and cost-chosen proposals batch
+def test_batch_sizes_refuse_methods_outside_our_loop():
+    with pytest.raises(ConfigError, match="outside our loop"):
+        BenchConfig(target="t", methods=("hf-prompt-lookup",), datasets=("gsm8k",), batch_sizes=(1, 2))
+    # trees, lookup branches, hybrids, cost-chosen proposals, heads and pruning batch
     BenchConfig(target="t", methods=("lookup,tree=8", "lookup,branches=3", "dflash:d,tree=8", "hybrid:lookup+dflash=d",
-                                     "dflash:d,proposals=measured"), datasets=("gsm8k",), batch_sizes=(1, 2))
+                                     "dflash:d,proposals=measured", "dflash:d,threshold=0.5",
+                                     "dflash:d,cost=measured,tree=8", "dflash:d,markov=off"),
+                datasets=("gsm8k",), batch_sizes=(1, 2))
     for sizes in ((0,), (2, 2), ()):
         with pytest.raises(ConfigError, match="--batch-size"):
             BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",), batch_sizes=sizes)

@@ -1,9 +1,10 @@
 """The drafters of the rows a decoding run holds at once (the target's side is `cache.py`).
 
 Drafting goes through a batch drafter (`BatchDrafter` in `drafters/base.py`): DFlash drafts every row
-in one drafter pass (`drafters/dflash_rows.py`); other drafters (small-AR, lookup) draft row by row,
-each row with its own drafter from `drafter.spawn()` (same weights, fresh per-sequence state); one
-row uses the drafter it was given. A row's proposal may be a tree, verified beside the other rows'
+in one drafter pass (`drafters/dflash_rows.py`), with or without heads (`drafters/headed.py::HeadedRows`:
+the heads step over all rows at once); other drafters (small-AR, lookup, trees) draft row by row, each
+row with its own drafter from `drafter.spawn()` (same weights, fresh per-sequence state); one row
+uses the drafter it was given. A row's proposal may be a tree, verified beside the other rows'
 chains and trees in the same pass.
 """
 
@@ -20,8 +21,7 @@ def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
     spawn = getattr(drafter, "spawn", None)
     if spawn is None:
         raise ConfigError(f"{type(drafter).__name__} cannot decode several prompts at once (it has no spawn() giving "
-                          "per-row state; headed drafters are batch-1 only): use generate() per prompt, or "
-                          "plain, small-AR, lookup, DFlash or tree drafting")
+                          "per-row state, nor a batch_drafter()): use generate() per prompt, or give it one")
     return [spawn() for _ in range(rows)]
 
 

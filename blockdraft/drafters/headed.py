@@ -19,6 +19,7 @@ for any other drafter. Heads are saved and loaded by `blockdraft.checkpoints.hea
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Collection, Sequence
 
@@ -30,6 +31,7 @@ from ..target import Target
 from ..timing import elapsed
 from .base import Proposal
 from .dflash import DFlashDrafter
+from .dflash_rows import DFlashRows
 from .heads import HeadContext, SlotHead
 from .pruning import Pruning
 
@@ -87,49 +89,123 @@ class HeadedDrafter:
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         self.backbone.commit(length, features)
 
+    def spawn(self) -> "HeadedDrafter":
+        """The same weights and heads with fresh per-sequence state (the backbone's), for another row."""
+        row = copy.copy(self)
+        row.backbone = self.backbone.spawn()
+        row.last_confidence = None
+        return row
+
+    def batch_drafter(self, rows: int) -> "HeadedRows":
+        """Every row's block in one backbone pass, then the heads' step over all rows at once."""
+        return HeadedRows(self, self.backbone.batch_drafter(rows))
+
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
+        """One row: the backbone's one-row pass, then `draft` over that row."""
         started = time.perf_counter()
         k_max = min(num_proposals, self.max_proposals)
-        hidden = self.backbone.draft_block_hidden(ids, k_max)  # (k, H)
-        base = self.backbone.head(hidden).float()  # (k, V_draft) U_k
-        head = self.backbone.head
-        pruning = self.pruning
-        draft_s = self._draft_seconds(started, ids.device) if pruning.cost is not None else 0.0
-        prev = ids[0, -1]  # the anchor: the previous token of the first slot (target id)
+        hidden, base = self.backbone.draft_block(ids, k_max)  # (k, H), (k, V_draft) U_k
+        proposals, confidences = self.draft(hidden[None], base[None].float(), ids[:, -1], [k_max], sampling,
+                                            [generator], started)
+        self.last_confidence = confidences[0]
+        return proposals[0]
+
+    def draft(self, hidden: torch.Tensor, base: torch.Tensor, anchors: torch.Tensor, limits: Sequence[int],
+              sampling: SamplingConfig, generators: Sequence[torch.Generator | None], started: float
+              ) -> tuple[list[Proposal], list[torch.Tensor | None]]:
+        """Steps 2 and 3 of the module doc for R rows at once: hidden (R, K, H) and float32 base logits
+        (R, K, V_draft) of their blocks, anchors (R,) target ids; row r drafts at most limits[r] slots from
+        generators[r]. Every head steps over all rows together (its tensors lead with R); the choice,
+        pruning and proposal stay per row, so a row drafts what it drafts alone. `started`: when the
+        backbone pass began (cost-aware pruning reads each row's share of the drafting time). Returns each
+        row's proposal and its c_1..c_k (None when it was not pruned)."""
+        head, pruning = self.backbone.head, self.pruning
+        rows = range(len(limits))
+        draft_s = self._draft_seconds(started, hidden.device, len(limits)) if pruning.cost is not None else 0.0
+        prev = anchors  # (R,) x_{k-1} of each row (target ids): the anchor before the first slot
         slot_heads = self.active_slot_heads
         head_states = [h.begin(prev, hidden, base) for h in slot_heads]
-        tokens, dists, step_logits, confidences = [], [], [], []
-        unconfident = False  # a slot so far had c_k < threshold
-        for k in range(k_max):
-            logits = base[k]
+        tokens, dists, step_logits, confidences = ([[] for _ in rows] for _ in range(4))
+        unconfident = [False for _ in rows]  # a slot of the row so far had c_k < threshold
+        drafting = list(rows)
+        for k in range(max(limits, default=0)):
+            drafting = [r for r in drafting if k < limits[r]]
+            if not drafting:
+                break
+            logits = base[:, k]  # (R, V_draft)
             for i, slot_head in enumerate(slot_heads):  # e.g. U_k + W2(W1[x_{k-1}]), then the others
-                logits, head_states[i] = slot_head.step(k, prev, hidden[k], logits, head_states[i])
+                logits, head_states[i] = slot_head.step(k, prev, hidden[:, k], logits, head_states[i])
                 logits = logits.float()
             if pruning.active:  # decided from x_{<k} only, before x_k is drawn
-                c_k = pruning.slot_confidence(prev, hidden[k], logits)  # () float32
-                unconfident = unconfident or bool(c_k < pruning.threshold)
-                if pruning.stops_before(k, confidences + [c_k], unconfident, draft_s):
-                    break  # the block ends before slot k (>= 1 kept)
-                confidences.append(c_k)
-            token, q_k = choose(logits, sampling, generator, argmax=sampling.draft_argmax)
-            tokens.append(token)
-            dists.append(q_k)
-            step_logits.append(logits)
-            prev = head.to_target_ids(token)
-        self.last_confidence = torch.stack(confidences) if confidences else None
-        if not tokens:
-            return Proposal(tokens=ids.new_empty(0))
-        draft_ids = torch.stack(tokens)  # (k,) draft-vocabulary ids
-        q_draft = torch.stack(dists) if dists[0] is not None else None  # (k, V_draft) or one-hot
-        # logits: the head-corrected logits (e.g. U_k + bias_k) each token was chosen from.
-        # Without heads each slot's logits are the backbone's block marginals; a head conditions them on
-        # the drafted prefix, so a tree built from them scores siblings as if they followed that prefix.
-        return Proposal(tokens=head.to_target_ids(draft_ids), q_draft=head.to_target_probs(q_draft),
-                        logits=torch.stack(step_logits), logit_token_ids=head.logit_token_ids, slot_marginals=True)
+                c_k = pruning.slot_confidence(prev, hidden[:, k], logits)  # (R,) float32
+                kept = []
+                for r in drafting:
+                    unconfident[r] = unconfident[r] or bool(c_k[r] < pruning.threshold)
+                    if not pruning.stops_before(k, confidences[r] + [c_k[r]], unconfident[r], draft_s):
+                        confidences[r].append(c_k[r])  # else the row's block ends before slot k (>= 1 kept)
+                        kept.append(r)
+                drafting = kept
+                if not drafting:
+                    break
+            for r in drafting:
+                token, q_k = choose(logits[r], sampling, generators[r], argmax=sampling.draft_argmax)
+                tokens[r].append(token)
+                dists[r].append(q_k)
+                step_logits[r].append(logits[r])
+            chosen = head.to_target_ids(torch.stack([tokens[r][-1] for r in drafting]))  # (R_drafting,) target ids
+            if len(drafting) == len(limits):
+                prev = chosen
+            else:  # rows done drafting keep their last token; their later slots are never read
+                prev = prev.clone()
+                prev[drafting] = chosen
+        proposals = []
+        for r in rows:
+            if not tokens[r]:
+                proposals.append(Proposal(tokens=anchors.new_empty(0)))
+                continue
+            draft_ids = torch.stack(tokens[r])  # (k,) draft-vocabulary ids
+            q_draft = torch.stack(dists[r]) if dists[r][0] is not None else None  # (k, V_draft) or one-hot
+            # logits: the head-corrected logits (e.g. U_k + bias_k) each token was chosen from.
+            # Without heads each slot's logits are the backbone's block marginals; a head conditions them on
+            # the drafted prefix, so a tree built from them scores siblings as if they followed that prefix.
+            proposals.append(Proposal(tokens=head.to_target_ids(draft_ids), q_draft=head.to_target_probs(q_draft),
+                                      logits=torch.stack(step_logits[r]), logit_token_ids=head.logit_token_ids,
+                                      slot_marginals=True))
+        return proposals, [torch.stack(c) if c else None for c in confidences]
 
-    def _draft_seconds(self, started: float, device: torch.device) -> float:
+    def _draft_seconds(self, started: float, device: torch.device, rows: int) -> float:
+        """A row's drafting time: `draft_cost`, or its share of the backbone pass since `started`."""
         if self.pruning.draft_cost is not None:
             return self.pruning.draft_cost
-        return elapsed(started, device)
+        return elapsed(started, device) / rows
+
+
+class HeadedRows:
+    """The batch drafter of a `HeadedDrafter`: its backbone's rows (`DFlashRows`, one block pass for every
+    row), then `HeadedDrafter.draft` over all rows at once; each row proposes what it proposes alone."""
+
+    def __init__(self, drafter: HeadedDrafter, rows: DFlashRows):
+        self.drafter, self.rows = drafter, rows
+
+    def reset(self, prompt_ids: Sequence[torch.Tensor], prompt_features: Sequence[torch.Tensor | None]) -> None:
+        self.rows.reset(prompt_ids, prompt_features)
+
+    def join(self, rows: Sequence[int], prompt_ids: Sequence[torch.Tensor],
+             prompt_features: Sequence[torch.Tensor | None]) -> None:
+        self.rows.join(rows, prompt_ids, prompt_features)
+
+    def commit(self, row: int, length: int, features: torch.Tensor | None) -> None:
+        self.rows.commit(row, length, features)
+
+    @torch.inference_mode()
+    def propose(self, rows: Sequence[int], ids: Sequence[torch.Tensor], budgets: Sequence[int],
+                sampling: SamplingConfig, generators: Sequence[torch.Generator | None]) -> list[Proposal]:
+        if not any(budgets):
+            return [Proposal.empty(one.device) for one in ids]
+        started = time.perf_counter()
+        limits = [min(budget, self.drafter.max_proposals) for budget in budgets]
+        hidden, base = self.rows.draft_block(rows, ids, limits)  # (R, k, H), (R, k, V_draft)
+        anchors = torch.cat([one[0, -1:] for one in ids])  # (R,)
+        return self.drafter.draft(hidden, base.float(), anchors, limits, sampling, generators, started)[0]

@@ -27,21 +27,18 @@ from typing import Callable
 import numpy as np
 
 from ..config import ConfigError
-from .methods import dflash_options, parse_method
+from .methods import parse_method
 from .rendering import prompt_sha256, render_chat
 
 BATCH_KINDS = ("ar", "small-ar", "dflash", "lookup", "hybrid")
-DRAFTER_OPTIONS = ("markov", "heads", "threshold", "cost")  # they make a headed drafter, which is batch-1 only
 
 
 def check_methods(methods: tuple[str, ...]) -> None:
     for text in methods:
-        spec = parse_method(text)
-        options = dflash_options(spec.arg)[1] if spec.kind == "dflash" else {}
-        if spec.kind not in BATCH_KINDS or set(options) & set(DRAFTER_OPTIONS):
-            raise ConfigError(f"--batch-size measures ar, small-ar, lookup, hybrid and dflash:PATH (chains or trees); "
-                              f"{text!r} is batch-1 only (heads and pruning options, HF peers): bench it without "
-                              "--batch-size")
+        if parse_method(text).kind not in BATCH_KINDS:
+            raise ConfigError(f"--batch-size measures ar, small-ar, lookup, hybrid and dflash:PATH (chains or trees, "
+                              f"with or without heads and pruning); {text!r} decodes outside our loop (HF peers, "
+                              "llama.cpp): bench it without --batch-size")
 
 
 def pending_batches(prompt_sets: dict, batch_sizes: tuple[int, ...], records: list[dict]) -> list[tuple]:

@@ -1,0 +1,162 @@
+"""Headed drafters at batch > 1 (`drafters/headed.py::HeadedRows`): one backbone pass for every row, then each
+head steps over all rows at once. Every row drafts what it drafts alone (float32: the same tokens, logits and q
+allclose, the same sampled draws), so each row decodes exactly plain greedy decoding's tokens and its batch-1
+tokens, for the Markov head, the confidence head with a threshold, the DSpark layout, Domino and DeLS fusion."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.checkpoints import attach_local_head, new_drafter_config
+from blockdraft.config import SamplingConfig
+from blockdraft.drafters.confidence import ConfidenceHead
+from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
+from blockdraft.drafters.domino import DominoHead
+from blockdraft.drafters.headed import HeadedRows
+from blockdraft.drafters.markov import MarkovHead
+from blockdraft.drafters.tree import TreeDrafter
+from helpers import headed, init_drafter, tiny_target
+from test_local_head import random_local
+
+RANK = 16
+LENGTHS = (7, 17, 3, 11)  # prompt lengths: rows are padded and their contexts differ
+KINDS = ["markov-confidence", "dspark-rnn", "gated-cost", "peak-threshold", "domino", "dels", "draft-vocab"]
+
+
+def random_heads(target, variant, seed, out_vocab=None):
+    """Markov and confidence heads with large random weights, so the bias and the confidences really move."""
+    torch.manual_seed(seed)
+    markov = MarkovHead(target.vocab_size, RANK, variant, hidden_size=target.hidden_size, out_vocab_size=out_vocab)
+    confidence = ConfidenceHead(target.hidden_size, RANK)
+    with torch.no_grad():
+        for module in (markov, confidence):
+            for param in module.parameters():
+                param.normal_(0.0, 1.0)
+    return markov, confidence
+
+
+def build(target, kind):
+    backbone = init_drafter(target, num_layers=1, block_size=6, seed=6)
+    if kind == "markov-confidence":
+        return headed(backbone, *random_heads(target, "linear", 1), confidence_threshold=0.5)
+    if kind == "dspark-rnn":  # the anchor slot predicts too
+        torch.manual_seed(0)
+        config = dataclasses.replace(new_drafter_config(target, num_layers=1, block_size=7), layout="dspark")
+        dspark = DFlashDrafter(DFlashDraftModel(config).eval(), target)
+        return headed(dspark, *random_heads(target, "rnn", 2), confidence_threshold=0.4)
+    if kind == "gated-cost":  # cost-aware pruning on a fixed curve
+        return headed(backbone, *random_heads(target, "gated", 3), verify_cost=[1.0 + 0.3 * k for k in range(6)],
+                      draft_cost=0.2)
+    if kind == "peak-threshold":  # no confidence head: c_k is the slot's peak draft probability
+        return headed(backbone, confidence_threshold=0.3)
+    if kind == "domino":
+        torch.manual_seed(4)
+        domino = DominoHead.for_backbone(backbone, gru_size=32, rank=8)
+        with torch.no_grad():
+            for param in domino.parameters():
+                param.normal_(0.0, 0.5)
+        return headed(backbone, slot_heads=[domino])
+    if kind == "dels":
+        return attach_local_head(backbone, random_local(target, "rnn", seed=5, scale=0.5), alpha=1.0, beta=0.5)
+    reduced = init_drafter(target, num_layers=1, block_size=5, seed=8, draft_vocab=torch.arange(0, 256, 3))
+    markov, confidence = random_heads(target, "linear", 9, out_vocab=reduced.config.draft_vocab_size)
+    return headed(reduced, markov, confidence, confidence_threshold=0.3)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target("qwen3")
+
+
+def batch_prompts():
+    generator = torch.Generator().manual_seed(3)
+    return [torch.randint(1, 200, (1, n), generator=generator) for n in LENGTHS]
+
+
+def plain(target, prompt, n):
+    return blockdraft.generate(target, None, prompt, max_new_tokens=n, stop_token_ids=()).tokens
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_row_decodes_plain_greedy_and_its_batch_one_tokens(target, kind):
+    drafter = build(target, kind)
+    assert isinstance(drafter.batch_drafter(2), HeadedRows)
+    batch = batch_prompts()
+    together = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=())
+    pooled = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(), max_batch=2)
+    for prompt, row, pool_row in zip(batch, together, pooled):
+        alone = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
+        assert row.tokens == pool_row.tokens == alone.tokens == plain(target, prompt, 30)
+        assert [r.proposed for r in row.rounds] == [r.proposed for r in alone.rounds]  # pruned alike
+    if kind != "domino" and kind != "dels":  # pruning really cut blocks below the budget in a batch
+        assert any(0 < r.proposed < drafter.max_proposals for row in together for r in row.rounds[:-2])
+
+
+@pytest.mark.parametrize("kind", ["markov-confidence", "dspark-rnn", "domino", "dels", "draft-vocab"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_row_proposes_what_it_would_alone(target, kind, temperature):
+    """Rows 2 and 3 join at round 3 (continuous batching), after row 1 has left; budgets differ per row."""
+    drafter = build(target, kind)
+    sampling = SamplingConfig(temperature=temperature)
+    generator = torch.Generator().manual_seed(0)
+    sequences = [torch.randint(1, 200, (1, n + 1), generator=generator) for n in LENGTHS]  # prompt + first token
+
+    def features(sequence, start, stop):
+        return target.forward(sequence[:, :stop], 0, target.new_cache(), drafter.target_layer_ids).features[:, start:stop]
+
+    batched, alone = drafter.batch_drafter(len(sequences)), [drafter.spawn() for _ in sequences]
+    batched.reset([s[:, :-1] for s in sequences[:2]], [features(s, 0, s.shape[1] - 1) for s in sequences[:2]])
+    for row, s in enumerate(sequences):
+        alone[row].reset(s[:, :-1], features(s, 0, s.shape[1] - 1))
+    gens_batched = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
+    gens_alone = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
+    rows, compared = [0, 1], 0
+    for round_index in range(6):
+        if round_index == 3:
+            batched.join([2, 3], [s[:, :-1] for s in sequences[2:]],
+                         [features(s, 0, s.shape[1] - 1) for s in sequences[2:]])
+            rows += [2, 3]
+        budgets = [(drafter.max_proposals - (row + round_index) % 3) % (drafter.max_proposals + 1) for row in rows]
+        proposals = batched.propose(rows, [sequences[row] for row in rows], budgets, sampling,
+                                    [gens_batched[row] for row in rows])
+        for row, budget, proposal in zip(rows, budgets, proposals):
+            if budget == 0:
+                assert proposal.tokens.numel() == 0
+                continue
+            own = alone[row].propose(sequences[row], budget, sampling, gens_alone[row])
+            assert torch.equal(proposal.tokens, own.tokens), (kind, round_index, row)
+            torch.testing.assert_close(proposal.logits, own.logits, atol=2e-5, rtol=1e-4)
+            if temperature:
+                torch.testing.assert_close(proposal.q_draft, own.q_draft, atol=1e-5, rtol=1e-4)
+            compared += 1
+        for index, row in enumerate(rows):  # each row commits its own count of tokens
+            count = 1 + (row * 3 + round_index) % (proposals[index].tokens.numel() + 1)
+            new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator)])[:count]
+            start = sequences[row].shape[1] - 1
+            sequences[row] = torch.cat([sequences[row], new[None]], dim=1)
+            committed = features(sequences[row], start, sequences[row].shape[1] - 1)
+            batched.commit(row, sequences[row].shape[1], committed)
+            alone[row].commit(sequences[row].shape[1], committed)
+        rows = [row for row in rows if not (row == 1 and round_index >= 2)]
+    assert compared > 10
+
+
+def test_headed_rows_draft_in_one_backbone_pass_and_trees_over_heads_batch(target):
+    drafter = build(target, "markov-confidence")
+    batch = batch_prompts()
+    passes, original = [], drafter.backbone.model.forward
+
+    def counting(block_embeds, *args, **kwargs):
+        passes.append(block_embeds.shape[0])
+        return original(block_embeds, *args, **kwargs)
+
+    drafter.backbone.model.forward = counting
+    results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=20, stop_token_ids=())
+    assert passes[0] == len(batch) and len(passes) <= max(len(r.rounds) for r in results)
+    drafter.backbone.model.forward = original
+    tree = TreeDrafter(drafter, 8)  # DDTree over the heads' corrected logits, each row its own spawned sources
+    for prompt, result in zip(batch, blockdraft.generate_batch(target, tree, batch, max_new_tokens=20,
+                                                               stop_token_ids=(), max_batch=3)):
+        assert result.tokens == plain(target, prompt, 20)
