@@ -205,16 +205,27 @@ def test_bad_batches_get_clear_errors(targets):
 
 
 def test_unbatchable_drafters_and_targets_are_refused(targets):
-    from blockdraft.drafters.headed import HeadedDrafter
+    from blockdraft.drafters.base import Proposal
     from blockdraft.drafters.tree import as_tree
+
+    class OneSequence:  # per-sequence state it cannot copy: no spawn(), no batch_drafter()
+        target_layer_ids, max_proposals = (), 2
+
+        def reset(self, prompt_ids, prompt_features):
+            pass
+
+        def propose(self, ids, num_proposals, sampling, generator):
+            return Proposal.empty(ids.device)
+
+        def commit(self, length, features):
+            pass
 
     target = targets["qwen3"]
     batch = mixed_prompts()
-    headed = HeadedDrafter(init_drafter(target, num_layers=1, block_size=5))
-    with pytest.raises(ConfigError, match="batch-1 only"):
-        blockdraft.generate_batch(target, headed, batch, max_new_tokens=8)
-    with pytest.raises(ConfigError, match="batch-1 only"):  # a tree over it, too
-        blockdraft.generate_batch(target, as_tree(headed, 6, target), batch, max_new_tokens=8)
+    with pytest.raises(ConfigError, match="no spawn"):
+        blockdraft.generate_batch(target, OneSequence(), batch, max_new_tokens=8)
+    with pytest.raises(ConfigError, match="no spawn"):  # a tree over it, too
+        blockdraft.generate_batch(target, as_tree(OneSequence(), 6, target), batch, max_new_tokens=8)
     with pytest.raises(ConfigError, match="sliding-window"):
         blockdraft.generate_batch(tiny_target("gemma3"), None, batch, max_new_tokens=8)
 

@@ -210,19 +210,19 @@ class LocalHead(nn.Module):
         states, _ = self.gru(self._embeddings(ids))  # (N, T, H_gru)
         return self._scores(F.silu(self.rank_proj(states)), rows)
 
-    def initial_state(self) -> torch.Tensor | None:
-        """The GRU state before the anchor: zeros (1, 1, H_gru) for rnn; None for markov."""
+    def initial_state(self, rows: int = 1) -> torch.Tensor | None:
+        """The GRU state before the anchor: zeros (1, rows, H_gru) for rnn; None for markov."""
         if self.variant == "markov":
             return None
-        return self.rank_proj.weight.new_zeros(1, 1, self.config.gru_hidden_size)
+        return self.rank_proj.weight.new_zeros(1, rows, self.config.gru_hidden_size)
 
     def step(self, prev: torch.Tensor, state: torch.Tensor | None, rows: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One token: prev () target id of x_{i-1}, state -> (logits (V_out,), next state)."""
+        """One token per row: prev (R,) (or ()) target ids of x_{i-1}, state -> (logits (R, V_out), next state)."""
         if self.variant == "markov":
             return self._scores(self.markov_e(prev), rows), None
-        output, state = self.gru(self._embeddings(prev.reshape(1, 1)), state)  # (1, 1, H_gru)
-        return self._scores(F.silu(self.rank_proj(output[0, 0])), rows), state
+        output, state = self.gru(self._embeddings(prev.reshape(-1, 1)), state)  # (R, 1, H_gru); each row a sequence
+        return self._scores(F.silu(self.rank_proj(output[:, 0].view(*prev.shape, -1))), rows), state
 
 
 # ------------------------------------------------------------------ unigram prior
@@ -364,7 +364,7 @@ class DeLSFusionHead(SlotHead):
         return long_logits.float() + alpha * short_logits.float() - beta * prior.float()
 
     def begin(self, anchor: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> torch.Tensor | None:
-        return self.short.initial_state()
+        return self.short.initial_state(anchor.numel())
 
     def step(self, k: int, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor, state):
         short, state = self.short.step(prev, state, self.rows)  # (V_draft,) ℓ_S from [anchor, x_1..x_{k}]
