@@ -19,6 +19,7 @@ import blockdraft
 from blockdraft.checkpoints import export_drafter, init_drafter, load_drafter, save_drafter
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.train.quick import quick_fit
+from chi_square import VOCAB, chi_square_p, draw, exact_joint
 from helpers import own_text, prompts, tiny_target
 
 TRAINING_PROMPTS = 4
@@ -264,11 +265,7 @@ def test_sampled_batch_rows_draw_what_each_row_draws_alone():
     assert [r.tokens for r in rows] == [r.tokens for r in alone]
 
 
-VOCAB = 8
-NEW = 4  # the prefill's token t1, then a first round verifying 2 drafted tokens (+ correction or bonus), ...
-COMPARED = 3  # ... so t2 and t3 are decided by that two-deep round (or by the next one after a rejection)
-PROMPT = torch.tensor([[1, 4, 2, 7, 3]])
-DRAWS = 600
+DRAWS = 600  # each verifying two drafted tokens in its first round (chi_square.py: NEW, COMPARED)
 
 
 @pytest.fixture(scope="module")
@@ -281,28 +278,17 @@ def sampling_case():
     return target, drafter
 
 
-# P(t1, t2, t3) under plain target sampling: the same enumeration as the chain tests (same VOCAB and PROMPT)
-from test_decode_sampling import exact_joint  # noqa: E402
-
-
 def sampled_counts(target, drafter, sampling):
-    counts, deep_rounds, second_verified = {}, 0, 0
-    for seed in range(DRAWS):
-        result = blockdraft.generate(target, drafter, PROMPT, max_new_tokens=NEW, stop_token_ids=(), seed=seed,
-                                     temperature=sampling.temperature)
-        key = tuple(result.tokens[:COMPARED])
-        counts[key] = counts.get(key, 0) + 1
-        first = result.rounds[0]
-        deep_rounds += first.proposed == 2
-        second_verified += first.accepted >= 1  # the first draft passed, so the second met min(1, p/q) too
+    counts = draw(target, drafter, sampling, DRAWS, stop_token_ids=())
+    first = [rounds[0] for rounds in counts.rounds]
+    deep_rounds = sum(r.proposed == 2 for r in first)
+    second_verified = sum(r.accepted >= 1 for r in first)  # the first draft passed, so the second met min(1, p/q)
     return counts, deep_rounds, second_verified
 
 
 def test_selector_sampling_at_t1_matches_the_target_distribution(sampling_case):
     """T = 1, two drafted tokens verified in the first round: the first three emitted tokens follow the
     target's exact joint law (chi-square), with q the selector's distribution over its candidates."""
-    from test_decode_sampling import chi_square_p
-
     target, drafter = sampling_case
     sampling = SamplingConfig(temperature=1.0)
     counts, deep_rounds, second_verified = sampled_counts(target, drafter, sampling)
@@ -317,7 +303,6 @@ def test_a_broken_selector_q_is_rejected(sampling_case, monkeypatch):
     q they were drawn from biases the output: the same test must see it."""
     from blockdraft.decode.sampling import to_probs
     from blockdraft.drafters.dflash import DFlashDrafter
-    from test_decode_sampling import chi_square_p
 
     target, drafter = sampling_case
     original = DFlashDrafter.proposal
@@ -538,3 +523,17 @@ def test_a_tree_budget_over_a_selector_drafter_grows_the_selector_tree():
     result = blockdraft.generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=(), tree_budget=12)
     assert result.tokens == plain
     assert any(r.draft_parents is not None and len(r.draft_parents) > 1 for r in result.rounds)
+
+
+def test_heads_over_a_selector_drafter_are_refused_by_name():
+    """Heads draft each slot their own way; over a DFlash 2 selector they would silently bypass it."""
+    from blockdraft.drafters.headed import HeadedDrafter
+    from blockdraft.drafters.markov import MarkovHead
+
+    target = tiny_target("qwen3")
+    with_selector = init_drafter(target, num_layers=1, block_size=4, arch="dflash2", selector_rank=8, selector_top_k=4)
+    heads = [MarkovHead(target.vocab_size, 4)]
+    with pytest.raises(ConfigError, match="candidate selector chooses"):
+        HeadedDrafter(with_selector, heads)
+    without = init_drafter(target, num_layers=1, block_size=4, arch="dflash2", selector_rank=None)
+    assert HeadedDrafter(without, [MarkovHead(target.vocab_size, 4)]).backbone is without

@@ -55,6 +55,11 @@ class HeadedDrafter:
         unknown = sorted(set(off) - set(names))
         if unknown:
             raise ConfigError(f"off names heads {unknown} this drafter does not have (it has {names})")
+        if getattr(backbone.model, "candidate_selector", None) is not None:
+            raise ConfigError("this DFlash 2 drafter's candidate selector chooses each slot's token from its "
+                              "predecessor; heads (Markov, DeLS, Domino, confidence pruning) draft their own way "
+                              "and would bypass it: give heads a DFlash 2 drafter without a selector "
+                              "(init-drafter --selector-rank 0), or draft with the selector alone")
         device = next(backbone.model.parameters()).device
         context = HeadContext.of(backbone, every.values())  # a head may read its siblings (`HeadContext.heads`)
         for head in every.values():
