@@ -8,11 +8,11 @@ import torch
 
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.decode import accept as accept_module
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
-from test_decode_sampling import NEW, PROMPT, broken_residual_verify, chi_square_p, exact_joint, make_target
+from chi_square import (SAMPLING, break_chains, draw_rows, make_target, row_prompts, rows_p, same_as_batch_one,
+                        slot_two_rounds, small_ar_drafter)
 
 
 def mixed_prompts(seed: int = 0) -> list[torch.Tensor]:
@@ -140,19 +140,9 @@ def test_max_batch_larger_than_the_prompts_is_all_at_once(targets, trained):
     assert [[r.batch_round for r in x.rounds] for x in pooled] == [[r.batch_round for r in x.rounds] for x in together]
 
 
-# Three rows of different prompts, each compared with its own exact distribution of the first NEW tokens.
-ROW_PROMPTS = [PROMPT, torch.tensor([[6, 1]]), torch.tensor([[2, 2, 5, 0, 7, 1, 3, 4]])]
-DRAWS = 1500
-
-
-def draw_rows(target, drafter, sampling, draws):
-    counts = [{} for _ in ROW_PROMPTS]
-    for seed in range(draws):
-        results = blockdraft.batch_generate(target, drafter, ROW_PROMPTS, max_new_tokens=NEW, sampling=sampling,
-                                            seeds=[3 * seed + row for row in range(len(ROW_PROMPTS))])
-        for row, result in enumerate(results):
-            counts[row][tuple(result.tokens)] = counts[row].get(tuple(result.tokens), 0) + 1
-    return counts
+# Rows of four prompts (one of them the target's own text, where lookup proposes), 25 rows of each per
+# batch; the rows' first tokens together compared with each prompt's exact law (one chi-square).
+DRAWS = 500  # per prompt
 
 
 @pytest.mark.parametrize("case", ["small_ar", "dflash", "lookup", "ddtree"])
@@ -160,24 +150,26 @@ def test_batched_sampling_matches_target_distribution(case):
     from blockdraft.drafters.tree import as_tree
 
     target = make_target()
-    sampling = SamplingConfig(temperature=1.0)
-    drafter = {"small_ar": lambda: SmallARDrafter(make_target(seed=3), target, num_proposals=2),
+    drafter = {"small_ar": lambda: small_ar_drafter(target),
                "dflash": lambda: init_drafter(target, num_layers=1, block_size=3),
-               "lookup": lambda: LookupDrafter(2),
-               "ddtree": lambda: as_tree(init_drafter(target, num_layers=1, block_size=3), 4, target)}[case]()
-    counts = draw_rows(target, drafter, sampling, DRAWS)
-    for prompt, row_counts in zip(ROW_PROMPTS, counts):
-        assert chi_square_p(row_counts, exact_joint(target, sampling, prompt), DRAWS) > 1e-3
+               "lookup": lambda: LookupDrafter(2, max_branches=3),
+               "ddtree": lambda: as_tree(init_drafter(target, num_layers=1, block_size=3), 16, target)}[case]()
+    batch = row_prompts(target, SAMPLING)
+    draws = draw_rows(target, drafter, SAMPLING, DRAWS, batch, copies=25)
+    tested, accepted = slot_two_rounds(*draws)
+    assert tested > DRAWS // 10 and accepted > 0, "slot 2 (depth 2) must often meet the acceptance test"
+    assert same_as_batch_one(target, drafter, SAMPLING, batch[-1], draws[-1])
+    assert rows_p(draws, target, SAMPLING, batch) > 1e-3
 
 
-def test_batched_broken_residual_is_detected(monkeypatch):
-    """The batch loop's own verify call, broken as in test_decode_sampling: the chi-square must see it."""
-    monkeypatch.setattr(accept_module, "verify", broken_residual_verify)
+def test_batched_residual_broken_at_slot_2_is_detected(monkeypatch):
+    """The batch loop's rows, each verified right at slot 1 and corrected from p instead of the residual at
+    slot 2: the chi-square over the rows must see it."""
+    break_chains(monkeypatch, "residual")
     target = make_target()
-    sampling = SamplingConfig(temperature=1.0)
-    counts = draw_rows(target, SmallARDrafter(make_target(seed=3), target, num_proposals=2), sampling, DRAWS)
-    assert min(chi_square_p(row, exact_joint(target, sampling, prompt), DRAWS)
-               for prompt, row in zip(ROW_PROMPTS, counts)) < 1e-6
+    batch = row_prompts(target, SAMPLING)
+    draws = draw_rows(target, init_drafter(target, num_layers=1, block_size=3), SAMPLING, 750, batch, copies=25)
+    assert rows_p(draws, target, SAMPLING, batch) < 1e-6
 
 
 def test_bad_batches_get_clear_errors(targets):

@@ -7,9 +7,7 @@ import torch
 
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.decode import accept as accept_module
 from blockdraft.decode import tree as tree_module
-from blockdraft.decode.sampling import sample, to_probs
 from blockdraft.attention import tree_layout
 from blockdraft.decode.tree import TreeBuilder, best_first_tree, chain_parents, verify_tree
 from blockdraft.drafters.base import Proposal
@@ -18,7 +16,8 @@ from blockdraft.drafters.small_ar import SmallARDrafter
 from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.decode.cache import TargetCache
 from helpers import init_drafter, pin_verify_costs, prompts, tiny_target, trained_drafter
-from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
+from chi_square import (SAMPLING, break_tree_walk, chi_square_p, draw_rows, exact_joint, make_target,
+                        own_text_prompt, same_as_batch_one, slot_two_rounds)
 
 ARCHS = ("qwen3", "qwen2", "llama", "gemma3")
 
@@ -335,55 +334,47 @@ def test_lookup_finds_the_most_recent_continuations_and_the_corpus(tmp_path):
 # ------------------------------------------------------------------ sampling: exact
 
 def _sampling_tree_drafters(target):
+    """Trees at least two deep: 16 nodes, so DDTree over a random drafter's near-flat marginals reaches depth 2
+    (its 8 depth-1 candidates score higher than any depth-2 node), and lookup over the target's own text."""
     dflash = init_drafter(target, num_layers=1, block_size=3)
-    return {"dflash_tree": TreeDrafter(dflash, 6),
+    return {"dflash_tree": TreeDrafter(dflash, 16),
             "lookup_tree": TreeDrafter(LookupDrafter(2, max_branches=3), 6),
             "hybrid": TreeDrafter([LookupDrafter(2, max_branches=3), init_drafter(target, num_layers=1, block_size=3)],
-                                  6, labels=["lookup", "dflash"]),
+                                  16, labels=["lookup", "dflash"]),
             "fallback": TreeDrafter([LookupDrafter(2, min_ngram=2, max_branches=3),
-                                     init_drafter(target, num_layers=1, block_size=3)], 6,
+                                     init_drafter(target, num_layers=1, block_size=3)], 16,
                                     labels=["lookup", "dflash"], fallback=True)}
 
 
-@pytest.mark.parametrize("case", ["dflash_tree", "lookup_tree", "hybrid", "fallback"])
-def test_tree_sampling_matches_target_distribution(case, monkeypatch):
-    import test_decode_sampling
+TREE_DRAWS = 1000  # as rows of a batch, 50 per target pass; each row draws what generate() draws with its seed
 
-    # Tokens 1 and 2 recur with different successors, so lookup has several continuations to branch on.
-    prompt = torch.tensor([[1, 4, 2, 1, 3, 2, 5]])
-    monkeypatch.setattr(test_decode_sampling, "PROMPT", prompt)
+
+def _tree_draws(case):
     target = make_target()
+    prompt = own_text_prompt(target, SAMPLING)  # lookup finds t1 in it and proposes likely continuations
     drafter = _sampling_tree_drafters(target)[case]
-    sampling = SamplingConfig(temperature=1.0, top_k=6)
-    counts = draw(target, drafter, sampling, DRAWS)
-    tree_rounds = sum(r.draft_parents is not None for seed in range(40) for r in blockdraft.speculative_generate(
-        target, drafter, prompt, max_new_tokens=3, sampling=sampling, seed=seed).rounds)
-    assert tree_rounds >= 5, "the test must exercise the tree walk, not only chains"
-    assert chi_square_p(counts, exact_joint(target, sampling), DRAWS) > 1e-3
+    draws = draw_rows(target, drafter, SAMPLING, TREE_DRAWS, [prompt], copies=50)[0]
+    trees = [r for rounds in draws.rounds for r in rounds if r.draft_parents is not None]
+    tested, accepted = slot_two_rounds(draws)
+    assert len(trees) > TREE_DRAWS // 2 and tested > TREE_DRAWS // 10 and accepted > TREE_DRAWS // 20, \
+        "the walk must often reach depth 2 and accept a node there"
+    return target, drafter, prompt, draws
 
 
-def test_a_broken_tree_rule_is_detected(monkeypatch):
-    """Drawing again when the first draw misses the tree favours the tree's tokens: the test must see it."""
-    def broken(target_logits, tokens, parents, sampling, generator):
-        children = tree_module.children_by_token(tokens, parents)
-        path, row = [], 0
-        while True:
-            probs = to_probs(target_logits[row], sampling)
-            token = int(sample(probs, generator))
-            if token not in children[row]:
-                token = int(sample(probs, generator))
-            child = children[row].get(token)
-            if child is None:
-                return path, token
-            path.append(child)
-            row = child + 1
+@pytest.mark.parametrize("case", ["dflash_tree", "lookup_tree", "hybrid", "fallback"])
+def test_tree_sampling_matches_target_distribution(case):
+    target, drafter, prompt, draws = _tree_draws(case)
+    assert same_as_batch_one(target, drafter, SAMPLING, prompt, draws)
+    assert chi_square_p(draws, exact_joint(target, SAMPLING, prompt), TREE_DRAWS) > 1e-3
 
-    monkeypatch.setattr(accept_module, "verify_tree", broken)
-    target = make_target()
-    sampling = SamplingConfig(temperature=1.0)
-    drafter = TreeDrafter(init_drafter(target, num_layers=1, block_size=3), 6)
-    counts = draw(target, drafter, sampling, DRAWS)
-    assert chi_square_p(counts, exact_joint(target, sampling), DRAWS) < 1e-6
+
+@pytest.mark.parametrize("case", ["dflash_tree", "lookup_tree"])
+def test_a_tree_walk_broken_below_depth_1_is_detected(case, monkeypatch):
+    """Drawing again when a draw below a depth-1 node misses the tree favours the tree's tokens at depth 2;
+    the walk at the anchor stays right. The test must see it."""
+    break_tree_walk(monkeypatch)
+    target, _, prompt, draws = _tree_draws(case)
+    assert chi_square_p(draws, exact_joint(target, SAMPLING, prompt), TREE_DRAWS) < 1e-6
 
 
 # ------------------------------------------------------------------ bad input

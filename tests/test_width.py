@@ -12,21 +12,18 @@ from blockdraft.drafters.base import Proposal
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.eval.methods import build_runners, parse_method
-from helpers import init_drafter, targets, trained  # noqa: F401 (fixtures)
-from test_decode_batch import DRAWS, ROW_PROMPTS, mixed_prompts
-from test_decode_sampling import NEW, chi_square_p, exact_joint, make_target
-
-
-def use_costs(monkeypatch, cost):
-    """Replace the timed verify passes by cost(rows, k), so the rule's choice is known in advance."""
-    def measured(target, max_rows, max_proposals):
-        return {(rows, k): cost(rows, k) for rows in cost_module.row_points(max_rows)
-                for k in cost_module.k_points(max_proposals)}
-    monkeypatch.setattr(cost_module, "timed_costs", measured)
+from chi_square import (NEW, PROMPT, SAMPLING, chi_square_p, draw_rows, exact_joint, make_target, own_text_prompt,
+                        slot_two_rounds)
+from helpers import init_drafter, pin_verify_costs, targets, trained  # noqa: F401 (fixtures)
+from test_decode_batch import mixed_prompts
 
 
 def moderate(rows, k):  # t(0..2) = 1, 1.2, 1.6: with the 1/2 prior, one proposal is worth it, two are not
     return 1.0 + 0.1 * k + 0.1 * k * k
+
+
+def two_of_three(rows, k):  # t(0..3) = 1, 1.06, 1.2, 1.42: with the 1/2 prior two proposals pay, three do not
+    return 1.0 + 0.02 * k + 0.04 * k * k
 
 
 def one_at_most(rows, k):  # one proposal is free, a second one costs ten passes
@@ -34,17 +31,17 @@ def one_at_most(rows, k):  # one proposal is free, a second one costs ten passes
 
 
 def test_the_rule_maximises_expected_tokens_per_second(monkeypatch):
-    use_costs(monkeypatch, lambda rows, k: 1.0)  # a free verify pass: propose everything
+    pin_verify_costs(monkeypatch, lambda rows, k: 1.0)  # a free verify pass: propose everything
     rule = CostAwareWidth(None, 7, 4)
     assert rule.width([7, 7, 7, 7]) == 7 and rule.width([3, 0, 0]) == 3 and rule.width([0, 0]) == 0
     # cost growing with the rows: one row can afford two proposals, four rows only one
     # (1 row: rates 1, 1.36, 1.46, 1.44; 4 rows: 4, 4.29, 3.89; 3 rows interpolated between 2 and 4)
-    use_costs(monkeypatch, lambda rows, k: 1.0 + 0.1 * rows * k)
+    pin_verify_costs(monkeypatch, lambda rows, k: 1.0 + 0.1 * rows * k)
     rule = CostAwareWidth(None, 7, 4)
     assert rule.width([7]) == 2 and rule.width([7] * 4) == 1
     assert rule.cost(3)[2] == pytest.approx(1.6)
     # acceptance is learnt from the rounds: slot 1 rejected again and again -> nothing is worth verifying
-    use_costs(monkeypatch, moderate)
+    pin_verify_costs(monkeypatch, moderate)
     rule = CostAwareWidth(None, 2, 1)
     assert rule.width([2]) == 1
     rule.observe(2, 1)  # slot 1 accepted, slot 2 rejected
@@ -58,7 +55,7 @@ def test_the_rule_maximises_expected_tokens_per_second(monkeypatch):
 
 def test_a_slot_never_verified_looks_like_the_deepest_one_that_was(monkeypatch):
     # cost 1 + 0.2 k: a slot worth 1/2 does not pay for itself at depth 4, one worth ~0.9 does
-    use_costs(monkeypatch, lambda rows, k: 1.0 + 0.2 * k)
+    pin_verify_costs(monkeypatch, lambda rows, k: 1.0 + 0.2 * k)
     rule = CostAwareWidth(None, 8, 1)
     for _ in range(30):
         rule.observe(3, 3)  # rounds cut at 3 whose three slots were all accepted
@@ -101,7 +98,7 @@ def test_measured_proposals_are_lossless_greedy(monkeypatch, targets, trained, a
         results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(),
                                             num_proposals="measured")
         assert [r.tokens for r in results] == plain, name
-    use_costs(monkeypatch, one_at_most)  # now the rule cuts every chain to one token
+    pin_verify_costs(monkeypatch, one_at_most)  # now the rule cuts every chain to one token
     for name, drafter in drafters.items():
         for results in (blockdraft.generate_batch(target, drafter, batch, max_new_tokens=30, stop_token_ids=(),
                                                   num_proposals="measured"),
@@ -114,46 +111,38 @@ def test_measured_proposals_are_lossless_greedy(monkeypatch, targets, trained, a
                 assert max(r.proposed for result in results for r in result.rounds) > 1
 
 
-def draw_cut_rows(target, drafter, sampling, draws):
-    """Each row's first NEW tokens from runs one token longer: the round after the prefill may propose two
-    tokens there, which the moderate costs cut to one."""
-    counts = [{} for _ in ROW_PROMPTS]
-    for seed in range(draws):
-        results = blockdraft.batch_generate(target, drafter, ROW_PROMPTS, max_new_tokens=NEW + 1, sampling=sampling,
-                                            seeds=[3 * seed + row for row in range(len(ROW_PROMPTS))],
-                                            num_proposals="measured")
-        for row, result in enumerate(results):
-            assert result.rounds[0].proposed <= 1
-            key = tuple(result.tokens[:NEW])
-            counts[row][key] = counts[row].get(key, 0) + 1
-    return counts
-
-
 def peeking_cut(proposal, k):
-    """A broken cut, the mistake the rule must not make: it reads the drafted token and keeps it only when the
-    drafter was sure of it, so a kept token no longer follows q."""
-    sure = proposal.q_draft is not None and float(proposal.q_draft[0, proposal.tokens[0]]) > 0.3
-    return HONEST_CUT(proposal, k if sure else 0)
+    """A broken cut, the mistake the rule must not make: it reads the token drafted at slot 2 and keeps it only
+    when it is the drafter's likeliest there, so a kept slot-2 token no longer follows q (slot 1 is cut
+    honestly)."""
+    if k >= 2 and proposal.q_draft is not None and proposal.tokens.shape[0] >= 2:
+        k = k if int(proposal.q_draft[1].argmax()) == int(proposal.tokens[1]) else 1
+    return HONEST_CUT(proposal, k)
 
 
 HONEST_CUT = width_module.cut
+WIDTH_DRAWS = {"dflash": 1500, "lookup": 1500, "broken": 3000}  # as rows of a batch, 100 per target pass
 
 
 @pytest.mark.parametrize("case", ["dflash", "lookup", "broken"])
 def test_measured_proposals_keep_the_target_distribution(monkeypatch, case):
-    use_costs(monkeypatch, moderate)  # two proposals drafted, the first one verified
+    """Each row's first three tokens from runs of NEW + 1: the round after the prefill drafts three tokens,
+    which the costs cut to two, so slot 2 of a cut chain is verified."""
+    pin_verify_costs(monkeypatch, two_of_three)
     if case == "broken":
         monkeypatch.setattr(width_module, "cut", peeking_cut)
     target = make_target()
-    sampling = SamplingConfig(temperature=1.0)
-    drafter = LookupDrafter(2) if case == "lookup" else init_drafter(target, num_layers=1, block_size=3)
-    counts = draw_cut_rows(target, drafter, sampling, DRAWS)
-    p_values = [chi_square_p(row_counts, exact_joint(target, sampling, prompt), DRAWS)
-                for prompt, row_counts in zip(ROW_PROMPTS, counts)]
-    if case == "broken":
-        assert min(p_values) < 1e-6
-    else:
-        assert min(p_values) > 1e-3
+    drafter = LookupDrafter(3) if case == "lookup" else init_drafter(target, num_layers=1, block_size=4)
+    # lookup proposes after the target's own text (elsewhere it proposes nothing, and a round of mostly empty
+    # rows is cut shorter)
+    prompt = own_text_prompt(target, SAMPLING) if case == "lookup" else PROMPT
+    count = WIDTH_DRAWS[case]
+    draws = draw_rows(target, drafter, SAMPLING, count, [prompt], copies=100, new=NEW + 1,
+                      num_proposals="measured")[0]
+    assert max(rounds[0].proposed for rounds in draws.rounds) == 2  # three drafted, cut to two
+    assert slot_two_rounds(draws)[0] > count // 10
+    p_value = chi_square_p(draws, exact_joint(target, SAMPLING, prompt), count)
+    assert p_value < 1e-6 if case == "broken" else p_value > 1e-3
 
 
 def test_row_verify_cost_and_bad_input(targets, tmp_path):
