@@ -16,7 +16,9 @@ E_k / cost (`best_prefix`; ties go to the shorter). Three choices read it, each 
 Each reads only what is known before the tokens it keeps are checked, so each stays lossless.
 
 `VerifyCost` is t_R(k), timed on this machine once per target at a few row counts and pass lengths
-(`timed_costs`, kept while the target lives) and interpolated linearly between them.
+(`timed_costs`, kept while the target lives) and interpolated linearly between them. The width rule
+reads it at its round's R; the measured tree budget, chosen row by row, through `TargetVerifyCost`,
+which times more row counts the first time a round has more rows than it covers.
 """
 
 from __future__ import annotations
