@@ -350,7 +350,7 @@ class DFlashConfig:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path} does not exist: a drafter folder needs config.json and model.safetensors") from None
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
             raise ConfigError(f"{path} is not valid JSON ({err}); the checkpoint is corrupt, re-save or re-download it") from None
         return cls.from_dict(raw)
 

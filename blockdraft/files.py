@@ -72,10 +72,17 @@ def output_kind(folder: str | Path) -> str | None:
     return None
 
 
+def why_not_a_file(path: Path) -> str:
+    """Why `path` cannot be read as an input file, in words for an error message."""
+    return "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
+
+
 def read_text(path: str | Path, *, what: str = "input file") -> str:
     """The whole of a UTF-8 text file, gunzipped when its name ends in `.gz`. Bytes that are not UTF-8
     and a `.gz` name on a plain file are named errors (file and line), never a codec traceback."""
     path = Path(path).expanduser()
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or a device would block or never end
+        raise ConfigError(f"{what} {path} is not a regular file (a pipe, socket or device); give a file")
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -144,6 +151,8 @@ def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str,
         if source.exists() and _is_within(resolved, source.resolve()):
             raise ConfigError(f"{flag} {path} is (or lies in) {source}, which this command reads from; writing "
                               "there would change it: give a new file elsewhere")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{flag} {path} is not a regular file (a device, pipe or socket); give a file path")
     if path.is_file() and path.stat().st_size and not owned(path):
         raise ConfigError(f"{flag} {path} exists and is not {what}; it is left as it is: give a new file "
                           "(an existing one is resumed only when it holds that command's own rows)")
@@ -201,9 +210,18 @@ def check_writable(folder: str | Path, *, flag: str = "--out") -> None:
     any work: the write would fail only at the end otherwise."""
     folder = Path(folder).expanduser().absolute()
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if existing is not None and existing.is_dir() and not os.access(existing, os.W_OK):
+    if existing is None or not existing.is_dir():
+        return
+    if not os.access(existing, os.W_OK):
         raise ConfigError(f"{flag} {folder}: {existing} cannot be written (a read-only file system or no "
                           "permission); choose another output location")
+    try:  # what os.access cannot see: a pseudo file system (/proc, /sys), a mount that refuses new files
+        handle, probe = tempfile.mkstemp(prefix=".blockdraft-write-check.", dir=existing)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"{flag} {folder}: {existing} does not take new files ({err.strerror or err}); choose "
+                          "another output location") from None
 
 
 def check_out_dir(out: str | Path, kind: str, *, overwrite: bool = False, flag: str = "--out",

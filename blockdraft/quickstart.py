@@ -19,6 +19,7 @@ share of the time is spent, leaving what it has done usable (a partial feature c
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,8 +213,8 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     started = time.monotonic()
     out = check_location(out, replaced=False)
     out.mkdir(parents=True, exist_ok=True)
-    if budget <= 0:
-        raise ConfigError(f"--budget must be positive minutes, got {budget}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
+        raise ConfigError(f"--budget must be a finite, positive number of minutes, got {budget}")
     print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min", flush=True)
     if threads:
         torch.set_num_threads(threads)

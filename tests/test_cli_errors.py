@@ -3,6 +3,7 @@ and leaves every file that was there before untouched."""
 
 import hashlib
 import json
+import os
 import pickle
 import shutil
 
@@ -447,6 +448,69 @@ CASES += [
     ("regen-max-minutes-negative", no_setup,
      REGEN + ["--n", "1", "--max-minutes", "-1", "--out", "{sandbox}/r.jsonl"], ["--max-minutes"]),
 ]
+
+
+def local_head_folder(config=None, text=None):
+    """A local head folder whose config.json is `config` (a dict, with the format marker) or raw `text`;
+    it is refused before its weights are read, so it has none."""
+    def setup(base, sandbox):
+        folder = sandbox / "lh"
+        folder.mkdir()
+        content = text if text is not None else json.dumps({"format": "blockdraft-local-head", "variant": "markov",
+                                                            "vocab_size": 328, "rank": 8, "block_size": 16, **config})
+        (folder / "config.json").write_bytes(content if isinstance(content, bytes) else content.encode())
+        return {}
+    return setup
+
+
+def fifo(name):
+    def setup(base, sandbox):
+        os.mkfifo(sandbox / name)
+        return {}
+    return setup
+
+
+def sandbox_folder(name):
+    def setup(base, sandbox):
+        (sandbox / name).mkdir()
+        return {}
+    return setup
+
+
+def non_utf8_drafter_config(base, sandbox):
+    folder = shutil.copytree(base / "drafter", sandbox / "bad-drafter")
+    (folder / "config.json").write_bytes(b'{"hidden_size": "\xff"}')
+    return {}
+
+
+ATTACH = ["attach-local-head", "--target", "{target}", "--drafter", "{base}/drafter", "--local-head", "{sandbox}/lh",
+          "--out", "{sandbox}/a"]
+CASES += [
+    # found by the issue-24 probe of the same classes with new inputs
+    ("quickstart-budget-nan", no_setup, ["quickstart", "--out", "{sandbox}/q", "--budget", "nan", "--no-fetch"],
+     ["--budget", "finite"]),
+    ("attach-local-head-vocab-huge", local_head_folder({"vocab_size": 10 ** 12}), ATTACH, ["vocab_size"]),
+    ("attach-local-head-rank-bool", local_head_folder({"rank": True}), ATTACH, ["rank must be an integer"]),
+    ("attach-local-head-prior-text", local_head_folder({"prior": "x"}), ATTACH, ["prior"]),
+    ("attach-local-head-config-garbage", local_head_folder(text="{garbage"), ATTACH, ["not valid JSON"]),
+    ("attach-local-head-config-list", local_head_folder(text="[1]"), ATTACH, ["not a local head config"]),
+    ("gen-drafter-config-not-utf8", non_utf8_drafter_config,
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["not valid JSON"]),
+    ("bench-dataset-empty", sandbox_file("he.jsonl", ""),
+     ["bench", "--target", "{target}", "--method", "ar", "--dataset", "humaneval={sandbox}/he.jsonl", "--dtype",
+      "fp32", "--out", "{sandbox}/b"], ["no prompts"]),
+    ("regen-out-device", no_setup, REGEN + ["--n", "1", "--out", "/dev/null"], ["not a regular file"]),
+    ("gen-batch-file-fifo", fifo("p.jsonl"),
+     ["generate", "--target", "{target}", "--batch-file", "{sandbox}/p.jsonl", "--dtype", "fp32"],
+     ["not a regular file"]),
+    ("gen-lookup-corpus-folder", sandbox_folder("c.jsonl"), LOOKUP, ["is a folder"]),
+    ("train-data-folder", sandbox_folder("d.jsonl"), TRAIN + ["data={sandbox}/d.jsonl"], ["is a folder"]),
+]
+if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable
+    CASES += [("bench-out-proc", no_setup, BENCH + ["--method", "ar", "--out", "/proc/blockdraft-test"],
+               ["does not take new files"]),
+              ("export-out-proc", no_setup, ["export", "{base}/drafter", "--for", "zlab", "--out", "/proc/blockdraft-x"],
+               ["does not take new files"])]
 if not torch.cuda.is_available():
     CASES.append(("train-device-cuda", no_setup, TRAIN + ["device=cuda"], ["cuda"]))
     CASES.append(("generate-device-cuda", no_setup, GEN + ["--device", "cuda"], ["cuda"]))

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from ..config import LOCAL_HEAD_FORMAT, ConfigError
 from ..drafters.local_head import (DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SMOOTHING, DeLSFusionHead,
                                    LocalHead, LocalHeadConfig, UnigramPrior, attach_fusion_head)
-from ..files import atomic_write_folder
+from ..files import atomic_write_folder, read_text
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_strict, state_bytes
 
 
@@ -42,14 +42,25 @@ def load_local_head(path: str | Path) -> tuple[LocalHead, UnigramPrior]:
     if not (folder / CONFIG_NAME).is_file():
         raise ConfigError(f"{folder} is not a local head folder (no config.json); write one with "
                           f"`blockdraft train-local-head`")
-    raw = json.loads((folder / CONFIG_NAME).read_text())
-    if raw.get("format") != LOCAL_HEAD_FORMAT:
-        raise ConfigError(f"{folder / CONFIG_NAME} is not a local head config (format {raw.get('format')!r}, "
+    try:
+        raw = json.loads(read_text(folder / CONFIG_NAME, what="local head config"))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON ({err}); the local head is corrupt: train it "
+                          "again with `blockdraft train-local-head`") from None
+    if not isinstance(raw, dict) or raw.get("format") != LOCAL_HEAD_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else f"none: a JSON {type(raw).__name__}"
+        raise ConfigError(f"{folder / CONFIG_NAME} is not a local head config (format {found!r}, "
                           f"expected {LOCAL_HEAD_FORMAT!r})")
     head = LocalHead(LocalHeadConfig.from_dict(raw))
     prior_spec = raw.get("prior") or {}
-    prior = UnigramPrior(head.config.vocab_size, smoothing=float(prior_spec.get("smoothing", DEFAULT_SMOOTHING)),
-                         num_tokens=int(prior_spec.get("num_tokens", 0)))
+    try:
+        prior = UnigramPrior(head.config.vocab_size, smoothing=float(prior_spec.get("smoothing", DEFAULT_SMOOTHING)),
+                             num_tokens=int(prior_spec.get("num_tokens", 0)))
+    except ConfigError:
+        raise
+    except (AttributeError, TypeError, ValueError, OverflowError) as err:
+        raise ConfigError(f"{folder / CONFIG_NAME}: its prior entry {raw.get('prior')!r} is malformed ({err}); the "
+                          "local head is corrupt: train it again with `blockdraft train-local-head`") from None
     try:
         state = load_file(str(folder / WEIGHTS_NAME))
     except (SafetensorError, OSError, ValueError) as err:

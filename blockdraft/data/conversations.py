@@ -32,7 +32,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..config import ConfigError
-from ..files import read_text
+from ..files import read_text, why_not_a_file
 from .anchors import valid_anchor_positions
 from .chat import chat_text
 
@@ -71,8 +71,8 @@ def load_conversations(path: str | os.PathLike) -> list[list[Message]]:
     "truncated": True on a last answer that regen cut at max_new_tokens)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConversationError(f"{path} does not exist; pass the JSONL written by `blockdraft regen` or a "
-                                f"ShareGPT-style JSON/JSONL file")
+        raise ConversationError(f"{path} {why_not_a_file(path)}; pass the JSONL "
+                                "written by `blockdraft regen` or a ShareGPT-style JSON/JSONL file")
     text = read_text(path, what="conversations file")
     is_array = text.lstrip().startswith("[")
     records = _array_records(text, path) if is_array else _jsonl_records(text, path)

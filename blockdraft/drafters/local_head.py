@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError
+from ..config import MAX_BLOCK_SIZE, MAX_VOCAB, MAX_WIDTH, ConfigError, check_field_types, check_ranges
 from .headed import HeadedDrafter
 from .heads import HeadContext, SlotHead
 
@@ -111,12 +111,13 @@ class LocalHeadConfig:
         if self.variant == "markov":  # reads no embeddings and has no GRU
             object.__setattr__(self, "embed_size", None)
             object.__setattr__(self, "gru_hidden_size", None)
-        for name in ("vocab_size", "rank") + (("gru_hidden_size",) if self.variant == "rnn" else ()):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"local head {name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.block_size, int) or self.block_size < 2:
-            raise ConfigError(f"local head block_size must be >= 2 (an anchor and one prediction), got "
-                              f"{self.block_size!r}")
+        # types and sane bounds before anything is built: a corrupt config.json must not allocate 10^12 rows
+        check_field_types(self)
+        width = f"[1, {MAX_WIDTH}]"
+        check_ranges(self, {"vocab_size": f"[1, {MAX_VOCAB}]", "rank": width, "gru_hidden_size": width,
+                            "embed_size": width, "block_size": f"[2, {MAX_BLOCK_SIZE}]"}, prefix="local head ")
+        if self.variant == "rnn" and self.gru_hidden_size is None:
+            raise ConfigError("the rnn local head needs gru_hidden_size (a positive integer)")
         if self.variant == "rnn" and not (isinstance(self.embed_size, int) and self.embed_size >= 1):
             raise ConfigError("the rnn local head reads the target's embeddings: pass embed_size (the target's "
                               "hidden size)")

@@ -22,7 +22,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..decode.tree import TreeBuilder
-from ..files import read_text
+from ..files import read_text, why_not_a_file
 from .base import Proposal
 
 MAX_NGRAM = 16
@@ -75,7 +75,8 @@ class CorpusIndex:
         `vocab_size` (the target's) refuses token ids the target does not have."""
         path = Path(path).expanduser()
         if not path.is_file():
-            raise ConfigError(f"lookup corpus {path} does not exist; give a JSONL file of text or conversations")
+            raise ConfigError(f"lookup corpus {path} {why_not_a_file(path)}; give a "
+                              "JSONL file of text or conversations")
         documents: list[list[int]] = []
         for number, line in enumerate(read_text(path, what="lookup corpus").split("\n"), 1):
             if not line.strip():

@@ -481,6 +481,10 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     out_dir = Path(out_dir)
     existing = open_existing(out_dir, config, overwrite)
     prompt_sets = {name: load_prompts(name, path=path, n=config.n) for name, path in config.dataset_sources()}
+    empty = [name for name, prompts in prompt_sets.items() if not prompts]
+    if empty:
+        raise ConfigError(f"--dataset {', '.join(empty)}: the file holds no prompts; give a JSONL file with one prompt "
+                          "row per line")
     results = existing
     records = list(existing["records"]) if existing else []
     _check_unchanged(records, prompt_sets)
