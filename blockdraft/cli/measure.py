@@ -146,7 +146,8 @@ def add_bench(sub) -> None:
     p.add_argument("--no-record-q", action="store_true", help="skip the drafter q per proposal (no surrogate check)")
     p.add_argument("--overwrite", action="store_true", help="replace results of a different configuration in --out")
     p.add_argument("--max-minutes", type=float, default=None,
-                   help="stop starting prompts after this many minutes (re-run to measure the rest)")
+                   help="stop starting prompts after this many minutes, loading and cost timing included (re-run to "
+                        "measure the rest)")
     p.add_argument("--out", required=True, help="output folder: results.json, report.md, *.png")
     p.set_defaults(func=cmd_bench)
 

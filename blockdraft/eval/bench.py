@@ -472,11 +472,13 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     """Measure every pending prompt, then write the report; returns the results dict.
 
     All checks (configuration, existing folder, prompt sets, models and drafters) happen before
-    anything is written. `deadline` (a `time.monotonic()` value) stops before a prompt that the
-    previous prompt's duration says would end after it (at least one prompt is measured); the
-    report covers the prompts measured, and a re-run measures the rest. `hard_deadline` (the quickstart,
-    on its budget): past the deadline no warm-up or run starts either, even within the first prompt,
-    whose records then lack the methods left (a re-run does not add them).
+    anything is written. `deadline` (a `time.monotonic()` value) covers the setup too: verify-cost curves
+    are timed coarsely when short of time (`cost.timing_deadline`); then it stops before a prompt that the
+    previous prompt's duration says would end after it (at least one prompt is measured); the report covers
+    the prompts measured, and a re-run measures the rest. `hard_deadline` (the quickstart, on its budget):
+    no warm-up starts past the deadline and no run starts that its estimate says would end after it, even
+    within the first prompt, whose records then lack the methods left (a re-run does not add them). What
+    was cut is kept in the session (`verify_cost`, `cut`) and shown in the report.
     """
     out_dir = Path(out_dir)
     existing = open_existing(out_dir, config, overwrite)
