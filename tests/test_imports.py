@@ -100,10 +100,6 @@ REASON = re.compile(r"\b(cycle|defer)", re.IGNORECASE)
 UNEXPLAINED = {
     "blockdraft/checkpoints/dflash.py": 1,
     "blockdraft/checkpoints/export.py": 2,
-    "blockdraft/cli/__init__.py": 4,
-    "blockdraft/cli/common.py": 4,
-    "blockdraft/cli/data.py": 12,
-    "blockdraft/cli/engines.py": 6,
     "blockdraft/cli/measure.py": 14,
     "blockdraft/cli/run.py": 8,
     "blockdraft/cli/train.py": 37,

@@ -11,7 +11,11 @@ import argparse
 import sys
 
 from .. import __version__
+from ..assets import AssetError
 from ..config import ConfigError
+from ..data.prompts import PromptError
+from ..files import disk_error
+from ..train.checkpoint import TrainingError
 from . import data, engines, measure, run, train
 from .common import add_overwrite_flag, parse_layer_ids
 
@@ -41,11 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..assets import AssetError
-    from ..data.prompts import PromptError
-    from ..files import disk_error
-    from ..train.checkpoint import TrainingError
-
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import torch
 
+from ..assets import AssetError
 from ..config import ConfigError
+from ..drafters.spec import tree_budget
+from ..target import pick_device, resolve_model_path
 
 
 def set_threads(threads: int | None) -> None:
@@ -23,8 +26,6 @@ def set_threads(threads: int | None) -> None:
 
 def setup_torch(args: argparse.Namespace) -> torch.device:
     """Device and threads are chosen once, here, and printed."""
-    from ..target import pick_device
-
     set_threads(getattr(args, "threads", None))
     return pick_device(getattr(args, "device", None))
 
@@ -54,8 +55,6 @@ def parse_layer_ids(text: str | None, flag: str = "--target-layer-ids") -> tuple
 
 def tree_budget_arg(text: str) -> int | str:
     """`--tree N|measured` (argparse type): an error names the flag."""
-    from ..drafters.spec import tree_budget
-
     try:
         return tree_budget(text)
     except ConfigError as err:
@@ -74,9 +73,6 @@ def input_folder(name_or_path: str | None) -> Path | None:
         return None
     if Path(name_or_path).expanduser().exists():
         return Path(name_or_path).expanduser()
-    from ..assets import AssetError
-    from ..target import resolve_model_path
-
     try:
         return resolve_model_path(name_or_path)
     except (AssetError, ConfigError):

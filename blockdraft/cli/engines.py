@@ -6,20 +6,21 @@ import argparse
 import json
 from pathlib import Path
 
+from ..config import ConfigError
+from ..engines.gguf_arch import qwen2_gguf_as_llama
+from ..engines.llamacpp import build_llamacpp, find_llamacpp, status
+from ..files import check_out_file
+
 ENGINES = ("llama.cpp",)
 
 
 def cmd_engines_build(args: argparse.Namespace) -> int:
-    from ..engines.llamacpp import build_llamacpp
-
     build = build_llamacpp(jobs=args.jobs, force=args.force)
     print(build.bin_dir)
     return 0
 
 
 def cmd_engines_status(args: argparse.Namespace) -> int:
-    from ..engines.llamacpp import status
-
     state = status()
     if args.json:
         print(json.dumps(state, indent=2))
@@ -37,17 +38,11 @@ def cmd_engines_status(args: argparse.Namespace) -> int:
 
 
 def cmd_engines_path(args: argparse.Namespace) -> int:
-    from ..engines.llamacpp import find_llamacpp
-
     print(find_llamacpp().bin_dir)
     return 0
 
 
 def cmd_engines_as_llama(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
-    from ..engines.gguf_arch import qwen2_gguf_as_llama
-    from ..files import check_out_file
-
     source = Path(args.gguf).expanduser()
     if not source.is_file():
         raise ConfigError(f"{source} is not a file: give a qwen2 GGUF (e.g. $BLOCKDRAFT_HOME/gguf/NAME.gguf)")

@@ -91,10 +91,12 @@ TERMS: dict[str, LossFn] = {"first_error_focal": first_error_focal, "chain_rewar
 def reads(name: str) -> frozenset[str]:
     """The keyword inputs objective or term `name` names in its signature (what `call_loss` passes it),
     e.g. {"target_logits", "soft_targets", "knobs", "num_sequences"} for ``kl``."""
-    fn = {**LOSSES, **HEAD_LOSSES, **TERMS}.get(name)
-    if fn is None:
-        raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(sorted({**LOSSES, **HEAD_LOSSES, **TERMS}))}")
-    return frozenset(p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    known = {**LOSSES, **HEAD_LOSSES, **TERMS}
+    if name not in known:
+        raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(sorted(known))}")
+    fn = known[name]
+    return frozenset(p.name for p in inspect.signature(fn).parameters.values()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def objective_options(name: str) -> dict[str, Option]:

@@ -323,8 +323,8 @@ def resolve_objective_options(objective: str, options: Any, legacy: dict[str, An
     for name, option in declared.items():
         if isinstance(option.allowed, tuple):
             if resolved[name] not in option.allowed:
-                raise ConfigError(f"{spelled.get(name, name)} must be one of {list(option.allowed)} ({option.meaning}), "
-                                  f"got {resolved[name]!r}")
+                raise ConfigError(f"{spelled.get(name, name)} must be one of {list(option.allowed)} "
+                                  f"({option.meaning}), got {resolved[name]!r}")
         else:
             check_ranges(SimpleNamespace(**{spelled.get(name, name): resolved[name]}),
                          {spelled.get(name, name): option.allowed})
