@@ -7,14 +7,21 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from ..config import ConfigError
+from ..eval import bench, compare, verify_cost
+from ..eval.bench import RESULTS, BenchConfig, cpu_model, redraw_report, run_bench
+from ..eval.compare import draw_curves, run_compare
+from ..eval.engine import engine_overhead, format_engine_overhead
+from ..eval.train_speed import bench_train
+from ..eval.verify_cost import format_table, verify_cost_table
+from ..files import check_location
+from ..target import native_bf16, pick_device
 from .common import deadline, input_folder, method_paths, set_threads, tree_budget_arg
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..eval.bench import RESULTS, BenchConfig, run_bench
-    from ..files import check_location
-
     stop_at = deadline(args.max_minutes)  # refused before any work when negative
     # --out is never a folder the run reads (the target's, a drafter's), whatever --overwrite says
     check_location(args.out, replaced=False,
@@ -32,15 +39,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..eval.bench import redraw_report
-
     print(f"report: {redraw_report(args.results, args.out)}")
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..eval.compare import run_compare
-
     path = run_compare(args.recipe, args.variant, args.out, overrides=args.set, baseline=args.baseline,
                        datasets=args.dataset, n=args.n, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, dtype=args.dtype, threads=args.threads, device=args.device,
@@ -50,8 +53,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_curves(args: argparse.Namespace) -> int:
-    from ..eval.compare import draw_curves
-
     runs = {}
     for text in args.run:
         label, sep, folder = text.partition("=")
@@ -67,8 +68,6 @@ def cmd_curves(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
-    from ..eval.engine import engine_overhead, format_engine_overhead
-
     set_threads(args.threads)
     report = engine_overhead(args.target, drafter=args.drafter, draft_model=args.draft_model, layers=args.layers,
                              num_proposals=args.num_proposals, block_size=args.block_size, prompt=args.prompt,
@@ -79,8 +78,6 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
-    from ..eval.train_speed import bench_train
-
     set_threads(args.threads)
     report = bench_train(args.target, data=args.data, objectives=args.objectives, layers=args.layers,
                          block_size=args.block_size, num_anchors=args.num_anchors, seq_len=args.seq_len,
@@ -91,12 +88,6 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_verify(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..eval.bench import cpu_model
-    from ..eval.verify_cost import format_table, verify_cost_table
-    from ..target import native_bf16, pick_device
-
     set_threads(args.threads)
     rows = verify_cost_table(args.target, dtypes=tuple(args.dtype), tokens=tuple(args.tokens), repeats=args.repeats,
                              context=args.context, device=args.device)
@@ -115,8 +106,6 @@ def cmd_bench_verify(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parsers
 
 def add_bench(sub) -> None:
-    from ..eval import bench
-
     p = sub.add_parser("bench", help="benchmark decoding methods side by side; writes results.json + report",
                        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
@@ -158,8 +147,6 @@ def add_bench(sub) -> None:
 
 
 def add_compare(sub) -> None:
-    from ..eval import compare
-
     p = sub.add_parser("compare", help="train recipe variants on identical data and compare their tau",
                        description=compare.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", required=True, help="the shared training recipe (JSON of TrainConfig fields)")
@@ -187,8 +174,6 @@ def add_compare(sub) -> None:
 
 
 def add_machine_benchmarks(sub) -> None:
-    from ..eval import verify_cost
-
     p = sub.add_parser("bench-engine", help="engine overhead: time per round / (drafter + verify forward)")
     p.add_argument("--target", required=True, help="model folder, asset name, or `tiny` for a tiny random Qwen3")
     p.add_argument("--drafter", help="DFlash drafter folder (default: a fresh drafter)")

@@ -8,8 +8,14 @@ import sys
 
 import torch
 
+from .. import generate, generate_batch
 from ..config import ConfigError
+from ..data.chat import chat_ids, has_chat_template
+from ..demo import run_demo
+from ..drafters.spec import BuildContext, build_drafter, make_spec, parse_spec
 from ..files import read_text
+from ..quickstart import run_quickstart
+from ..target import load_target
 from .common import set_threads, setup_torch, tree_budget_arg
 
 
@@ -22,8 +28,6 @@ def drafter_spec(args: argparse.Namespace):
     """`--method SPEC` (the grammar of `drafters/spec.py`, bench's words), or the spec that the shorthand flags
     `--drafter`, `--draft-model`, `--lookup...`, `--tree`, `--fallback` stand for; `--num-proposals` is its
     `proposals=`. None for plain decoding. Checked before any model loads."""
-    from ..drafters.spec import make_spec, parse_spec
-
     count = args.num_proposals
     no_drafter = ConfigError(f"--num-proposals {count} sets what a drafter proposes per round, and no drafter is "
                              "given: add --drafter, --draft-model or --lookup, or drop --num-proposals")
@@ -87,9 +91,6 @@ def drafter_spec(args: argparse.Namespace):
 
 def _load_pair(args: argparse.Namespace, device: torch.device):
     """Target, the drafter `drafter_spec` names (None for plain decoding) and the proposals per round."""
-    from ..drafters.spec import BuildContext, build_drafter
-    from ..target import load_target
-
     spec = drafter_spec(args)
     target = load_target(args.target, dtype=args.dtype, device=device)
     if spec is None:
@@ -101,8 +102,6 @@ def _load_pair(args: argparse.Namespace, device: torch.device):
 
 def encode_prompt(target, text: str, chat: bool) -> torch.Tensor:
     """(1, S) prompt ids: the chat template's rendering with `chat`, else the plain text."""
-    from ..data.chat import chat_ids, has_chat_template
-
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ConfigError(f"{target.name} has no tokenizer files (tokenizer.json / tokenizer_config.json), so a text "
@@ -152,8 +151,6 @@ def read_batch_file(path: str, args: argparse.Namespace) -> list[tuple[str, str]
 
 
 def cmd_generate_batch(args: argparse.Namespace) -> int:
-    from .. import generate_batch
-
     rows = read_batch_file(args.batch_file, args)
     device = setup_torch(args)
     target, drafter, num_proposals = _load_pair(args, device)
@@ -177,8 +174,6 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .. import generate
-
     if (args.prompt is None) == (args.batch_file is None):
         raise ConfigError("give the text to continue: --prompt TEXT, or --batch-file PROMPTS.jsonl for several")
     if args.max_batch is not None and args.batch_file is None:
@@ -206,8 +201,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
-
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1 (quick training steps of the tiny drafter), got {args.steps}")
     setup_torch(args)
@@ -215,8 +208,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    from ..quickstart import run_quickstart
-
     set_threads(args.threads)  # refuses --threads -1 before anything is fetched
 
     report = run_quickstart(args.out, budget=args.budget, target=args.target, draft_model=args.draft_model,
