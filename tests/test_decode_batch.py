@@ -142,7 +142,8 @@ def test_max_batch_larger_than_the_prompts_is_all_at_once(targets, trained):
 
 # Rows of four prompts (one of them the target's own text, where lookup proposes), 25 rows of each per
 # batch; the rows' first tokens together compared with each prompt's exact law (one chi-square).
-DRAWS = 500  # per prompt
+DRAWS = {"small_ar": 200}  # per prompt (fewer where a draft model runs per row and drafted token) ...
+DEFAULT_DRAWS = 500  # ... else
 
 
 @pytest.mark.parametrize("case", ["small_ar", "dflash", "lookup", "ddtree"])
@@ -154,10 +155,10 @@ def test_batched_sampling_matches_target_distribution(case):
                "dflash": lambda: init_drafter(target, num_layers=1, block_size=3),
                "lookup": lambda: LookupDrafter(2, max_branches=3),
                "ddtree": lambda: as_tree(init_drafter(target, num_layers=1, block_size=3), 16, target)}[case]()
-    batch = row_prompts(target, SAMPLING)
-    draws = draw_rows(target, drafter, SAMPLING, DRAWS, batch, copies=25)
+    batch, count = row_prompts(target, SAMPLING), DRAWS.get(case, DEFAULT_DRAWS)
+    draws = draw_rows(target, drafter, SAMPLING, count, batch, copies=25)
     tested, accepted = slot_two_rounds(*draws)
-    assert tested > DRAWS // 10 and accepted > 0, "slot 2 (depth 2) must often meet the acceptance test"
+    assert tested > count // 10 and accepted > 0, "slot 2 (depth 2) must often meet the acceptance test"
     assert same_as_batch_one(target, drafter, SAMPLING, batch[-1], draws[-1])
     assert rows_p(draws, target, SAMPLING, batch) > 1e-3
 
