@@ -13,8 +13,8 @@ from scipy.stats import chisquare
 from blockdraft.config import SamplingConfig
 from blockdraft.decode import verify as verify_module
 from blockdraft.decode.sampling import to_probs
-from chi_square import (DRAWS, PROMPT, SAMPLING, break_chains, chi_square_p, draw, draw_rows, exact_joint,  # noqa: F401
-                        make_target, slot_two_rounds, small_ar_drafter)  # (DRAWS re-exported to the headed drafters' tests)
+from chi_square import (PROMPT, SAMPLING, break_chains, chi_square_p, draw, draw_rows, exact_joint, make_target,
+                        slot_two_rounds, small_ar_drafter)
 from helpers import init_drafter
 
 DRAWS_ONE_ROW = 600  # batch-1 draws per case (each one or two rounds of the one-row loop) ...

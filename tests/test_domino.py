@@ -25,7 +25,7 @@ from blockdraft.losses import DOMINO_VARIANTS, domino
 from blockdraft.train.schedule import domino_lambda
 from blockdraft.train.loop import train
 from helpers import init_drafter, prompts, teacher_forced_block, tiny_target, trained_drafter, write_chat_jsonl
-from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
+from chi_square import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 REDUCED_VOCAB = torch.arange(0, 256, 2)  # every other token of the tiny target
 

@@ -31,7 +31,7 @@ from blockdraft.train.batch import teacher_forced_batch
 from blockdraft.train.quick import train_heads
 from helpers import (assert_same_proposals, headed, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)
-from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
+from chi_square import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 RANK = 16
 

@@ -28,7 +28,7 @@ from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.local_head import LocalHeadTrainConfig, fit_fusion_weights, fit_local_head
 from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)
-from test_decode_sampling import DRAWS, chi_square_p, draw, exact_joint, make_target
+from chi_square import DRAWS, chi_square_p, draw, exact_joint, make_target
 
 GRU_HIDDEN, RANK = 32, 16
 
