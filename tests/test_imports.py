@@ -100,7 +100,6 @@ REASON = re.compile(r"\b(cycle|defer)", re.IGNORECASE)
 UNEXPLAINED = {
     "blockdraft/checkpoints/dflash.py": 1,
     "blockdraft/checkpoints/export.py": 2,
-    "blockdraft/cli/train.py": 37,
     "blockdraft/engines/gguf_arch.py": 1,
     "blockdraft/engines/llamacpp.py": 1,
     "blockdraft/engines/llamacpp_export.py": 8,

@@ -10,18 +10,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
+from ..checkpoints import (WEIGHTS_NAME, attach_local_head, check_finite, export_drafter, import_dspark, init_drafter,
+                           load_drafter, save_drafter, save_headed_drafter)
+from ..checkpoints.export import CONSUMERS
 from ..config import ConfigError
-from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT
-from ..train.local_head import LocalHeadTrainConfig
+from ..data.conversations import TokenizedDataset
+from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT, find_fusion_head
+from ..engines.llamacpp_export import export_drafter_gguf
+from ..files import LOCK_NAME, check_location, check_out_dir, overwrite_allowed
+from ..shipped import resolve_drafter, shipped_names
+from ..target import load_target, resolve_model_path
+from ..train.config import TrainConfig
+from ..train.features import INDEX_FILE
+from ..train.local_head import LocalHeadTrainConfig, fit_fusion_weights, train_local_head
+from ..train.loop import train
+from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
 from .common import add_overwrite_flag, deadline, input_folder, parse_layer_ids, set_threads
 
 
 def cmd_init_drafter(args: argparse.Namespace) -> int:
-    from ..checkpoints import init_drafter, save_drafter
-    from ..files import check_out_dir
-    from ..target import load_target, resolve_model_path
-
     layer_ids = parse_layer_ids(args.target_layer_ids)
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target, dtype="fp32")
@@ -42,9 +52,6 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ..train.config import TrainConfig
-    from ..train.loop import train
-
     stop_at = deadline(args.max_minutes)
     config = TrainConfig.load(args.config, args.overrides)
     final = train(config, resume=args.resume, deadline=stop_at, overwrite=args.overwrite)
@@ -53,10 +60,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_import_dspark(args: argparse.Namespace) -> int:
-    from ..checkpoints import import_dspark
-    from ..files import check_out_dir
-    from ..target import load_target, resolve_model_path
-
     if args.target:
         check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target) if args.target else None  # its stored dtype: the copies compare exactly
@@ -66,16 +69,8 @@ def cmd_import_dspark(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..checkpoints import export_drafter
-    from ..files import check_out_dir
-    from ..target import load_target, resolve_model_path
-
-    from ..shipped import resolve_drafter, shipped_names
-
     args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
     if args.consumer == "llama.cpp":  # a GGUF file written by llama.cpp's converter (engines/llamacpp_export.py)
-        from ..engines.llamacpp_export import export_drafter_gguf
-
         if not args.target:
             raise ConfigError("--for llama.cpp needs --target (the converter reads the target's tokenizer)")
         notes, facts = export_drafter_gguf(args.drafter, args.target, args.out, outtype=args.outtype,
@@ -101,10 +96,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ DeLS-Spec local heads
 
 def cmd_train_local_head(args: argparse.Namespace) -> int:
-    from ..files import check_out_dir, overwrite_allowed
-    from ..target import resolve_model_path
-    from ..train.local_head import train_local_head
-
     set_threads(args.threads)
     check_out_dir(args.out_dir, "local-head", overwrite=args.overwrite,
                   protect=[resolve_model_path(args.target), args.data])
@@ -119,21 +110,12 @@ def cmd_train_local_head(args: argparse.Namespace) -> int:
 
 def _stored_dtype(folder: str | Path) -> torch.dtype:
     """The dtype the drafter's tensors were saved in (so re-saving keeps it)."""
-    from safetensors import safe_open
-
-    from ..checkpoints import WEIGHTS_NAME
-
     with safe_open(str(Path(folder) / WEIGHTS_NAME), "pt") as handle:
         return handle.get_tensor("fc.weight").dtype
 
 
 def _load_for_heads(args: argparse.Namespace):
     """Target (fp32: head maths exact, drafter weights upcast losslessly) and the drafter at args.drafter."""
-    from ..checkpoints import load_drafter
-    from ..target import load_target
-
-    from ..shipped import resolve_drafter
-
     set_threads(args.threads)
     args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
     target = load_target(args.target, dtype=args.dtype, device=args.device)
@@ -141,8 +123,6 @@ def _load_for_heads(args: argparse.Namespace):
 
 
 def _save_headed(drafter, args: argparse.Namespace, extra: dict[str, Any]) -> None:
-    from ..checkpoints import save_headed_drafter
-
     drafter.backbone.model.to(_stored_dtype(args.drafter))
     save_headed_drafter(drafter, args.out, extra_files={"local_head_attach.json": extra}, overwrite=args.overwrite)
 
@@ -150,19 +130,10 @@ def _save_headed(drafter, args: argparse.Namespace, extra: dict[str, Any]) -> No
 def _check_drafter_out(args: argparse.Namespace, *inputs) -> None:
     """Before any work: --out may replace an earlier drafter (the input drafter itself included, in
     place), never the target or a folder of other files unless --overwrite."""
-    from ..files import check_out_dir
-    from ..target import resolve_model_path
-
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target), *inputs])
 
 
 def cmd_attach_local_head(args: argparse.Namespace) -> int:
-    from safetensors.torch import load_file
-
-    from ..checkpoints import WEIGHTS_NAME, check_finite
-    from ..checkpoints import attach_local_head
-    from ..drafters.local_head import find_fusion_head
-
     _check_drafter_out(args, args.local_head)
     target, drafter = _load_for_heads(args)
     head_weights = Path(args.local_head) / WEIGHTS_NAME
@@ -177,10 +148,6 @@ def cmd_attach_local_head(args: argparse.Namespace) -> int:
 
 
 def cmd_train_fusion_weights(args: argparse.Namespace) -> int:
-    from ..data.conversations import TokenizedDataset
-    from ..drafters.local_head import find_fusion_head
-    from ..train.local_head import fit_fusion_weights
-
     _check_drafter_out(args, args.data)
     target, drafter = _load_for_heads(args)
     if target.tokenizer is None:
@@ -247,8 +214,6 @@ def add_import_dspark(sub) -> None:
 
 
 def add_export(sub) -> None:
-    from ..checkpoints.export import CONSUMERS
-
     p = sub.add_parser("export", help="write a drafter folder for the reference dflash package, vLLM or SGLang")
     p.add_argument("drafter", help="drafter folder (config.json + model.safetensors)")
     p.add_argument("--for", dest="consumer", required=True, choices=CONSUMERS,
@@ -322,9 +287,6 @@ def add_local_heads(sub) -> None:
 
 
 def cmd_cache_features(args: argparse.Namespace) -> int:
-    from ..train.config import TrainConfig
-    from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
-
     set_threads(args.threads)
     if args.report_block_size is not None and args.report_block_size < 2:
         raise ConfigError(f"--report-block-size must be >= 2 (an anchor and one prediction), got "
@@ -369,9 +331,6 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
 def _check_cache_out(out: str, config) -> None:
     """The README's --out rules for a feature cache, before the target pass: never the target's folder or
     the data file, never a folder of other files (an earlier cache, with its index, is resumed)."""
-    from ..files import LOCK_NAME, check_location
-    from ..train.features import INDEX_FILE
-
     folder = check_location(out, replaced=False, protect=[input_folder(config.target), config.data])
     if folder.is_dir() and not (folder / INDEX_FILE).is_file() and \
             any(entry.name != LOCK_NAME for entry in folder.iterdir()):
@@ -380,8 +339,6 @@ def _check_cache_out(out: str, config) -> None:
 
 
 def add_cache_features(sub) -> None:
-    from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES
-
     parser = sub.add_parser(
         "cache-features", help="teacher-forced pass: cache target features + top-k log-probs of existing text")
     parser.add_argument("--config", default=None, help="training recipe: cache what its features=cached run reads")
