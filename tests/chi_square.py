@@ -22,13 +22,14 @@ from blockdraft.decode import accept as accept_module
 from blockdraft.decode import tree as tree_module
 from blockdraft.decode.sampling import sample, to_probs
 from blockdraft.decode.verify import verify
+from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import tiny_target
 
 VOCAB = 8
 COMPARED = 3  # t1 (prefill), t2 and t3 (the first round's slots 1 and 2, or the next round after a rejection)
 NEW = COMPARED + 1  # one token more, so the first round may propose two
 PROMPT = torch.tensor([[1, 4, 2, 7, 3]])
-DRAWS = 2500
+DRAWS = 1500  # batch-1 draws of the headed drafters' tests (one or two rounds each)
 # Three tokens per position: (t1, t2, t3) has 27 cells, so a few thousand draws see a bias at slot 2 (the
 # full vocabulary spreads them over ~170 cells, where a wrong slot-2 residual hides in the noise).
 SAMPLING = SamplingConfig(temperature=1.0, top_k=3)
@@ -41,8 +42,6 @@ def make_target(seed: int = 0):
 
 def small_ar_drafter(target):
     """A one-layer tiny model drafting two tokens (its q at slot 2 depends on the token it drafted at slot 1)."""
-    from blockdraft.drafters.small_ar import SmallARDrafter
-
     draft_model = tiny_target("qwen3", vocab_size=VOCAB, hidden_size=32, num_layers=1, seed=3)
     return SmallARDrafter(draft_model, target, num_proposals=2)
 
