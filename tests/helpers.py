@@ -120,6 +120,27 @@ def assert_same_proposals(target, drafter_a, drafter_b, *, seed: int = 2) -> Non
                 torch.testing.assert_close(q_a, q_b, rtol=0, atol=0)
 
 
+def propose_rows_like_alone(batched, alone, rows, sequences, budgets, sampling, gens_batched, gens_alone, *,
+                            label) -> tuple[list, int]:
+    """One round of a batched drafter over `rows` against each row's own batch-1 drafter (`alone[row]`):
+    equal tokens, equal logits and q within float noise, empty proposals for zero budgets. Returns the
+    batched proposals and how many rows were compared."""
+    proposals = batched.propose(rows, [sequences[row] for row in rows], budgets, sampling,
+                                [gens_batched[row] for row in rows])
+    compared = 0
+    for row, budget, proposal in zip(rows, budgets, proposals):
+        if budget == 0:
+            assert proposal.tokens.numel() == 0
+            continue
+        own = alone[row].propose(sequences[row], budget, sampling, gens_alone[row])
+        assert torch.equal(proposal.tokens, own.tokens), (label, row)
+        torch.testing.assert_close(proposal.logits, own.logits, atol=2e-5, rtol=1e-4)
+        if not sampling.greedy:
+            torch.testing.assert_close(proposal.q_draft, own.q_draft, atol=1e-5, rtol=1e-4)
+        compared += 1
+    return proposals, compared
+
+
 def write_chat_jsonl(path, count: int, *, user_words: int, assistant_words: int, vocab: int, seed: int) -> None:
     """A ShareGPT-style JSONL of `count` random word conversations (training-data fixtures)."""
     import json

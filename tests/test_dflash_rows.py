@@ -10,7 +10,7 @@ import blockdraft
 from blockdraft.checkpoints.dflash import new_drafter_config
 from blockdraft.config import SamplingConfig
 from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
-from helpers import init_drafter, tiny_target, trained_drafter
+from helpers import init_drafter, propose_rows_like_alone, tiny_target, trained_drafter
 
 LENGTHS = (7, 17, 3, 11)  # prompt lengths: rows are padded and their contexts differ
 
@@ -58,18 +58,9 @@ def test_each_row_proposes_what_it_would_alone(kind, temperature, late):
             rows += [2, 3]
         # budgets differ between rows (the end of a row's budget) and include an empty proposal
         budgets = [(drafter.max_proposals - (row + round_index) % 3) % (drafter.max_proposals + 1) for row in rows]
-        proposals = batched.propose(rows, [sequences[row] for row in rows], budgets, sampling,
-                                    [gens_batched[row] for row in rows])
-        for row, budget, proposal in zip(rows, budgets, proposals):
-            if budget == 0:
-                assert proposal.tokens.numel() == 0
-                continue
-            own = alone[row].propose(sequences[row], budget, sampling, gens_alone[row])
-            assert torch.equal(proposal.tokens, own.tokens), (kind, round_index, row)
-            torch.testing.assert_close(proposal.logits, own.logits, atol=2e-5, rtol=1e-4)
-            if temperature:
-                torch.testing.assert_close(proposal.q_draft, own.q_draft, atol=1e-5, rtol=1e-4)
-            compared += 1
+        proposals, count = propose_rows_like_alone(batched, alone, rows, sequences, budgets, sampling, gens_batched,
+                                                   gens_alone, label=(kind, round_index))
+        compared += count
         # each row commits its own count (1 .. k+1) of tokens; row 1 leaves after round 2, row 2 after round 4
         for index, row in enumerate(rows):
             count = 1 + (row * 3 + round_index) % (proposals[index].tokens.numel() + 1)

@@ -17,7 +17,7 @@ from blockdraft.drafters.domino import DominoHead
 from blockdraft.drafters.headed import HeadedRows
 from blockdraft.drafters.markov import MarkovHead
 from blockdraft.drafters.tree import TreeDrafter
-from helpers import headed, init_drafter, tiny_target
+from helpers import headed, init_drafter, propose_rows_like_alone, tiny_target
 from test_local_head import random_local
 
 RANK = 16
@@ -119,18 +119,9 @@ def test_each_row_proposes_what_it_would_alone(target, kind, temperature):
                          [features(s, 0, s.shape[1] - 1) for s in sequences[2:]])
             rows += [2, 3]
         budgets = [(drafter.max_proposals - (row + round_index) % 3) % (drafter.max_proposals + 1) for row in rows]
-        proposals = batched.propose(rows, [sequences[row] for row in rows], budgets, sampling,
-                                    [gens_batched[row] for row in rows])
-        for row, budget, proposal in zip(rows, budgets, proposals):
-            if budget == 0:
-                assert proposal.tokens.numel() == 0
-                continue
-            own = alone[row].propose(sequences[row], budget, sampling, gens_alone[row])
-            assert torch.equal(proposal.tokens, own.tokens), (kind, round_index, row)
-            torch.testing.assert_close(proposal.logits, own.logits, atol=2e-5, rtol=1e-4)
-            if temperature:
-                torch.testing.assert_close(proposal.q_draft, own.q_draft, atol=1e-5, rtol=1e-4)
-            compared += 1
+        proposals, count = propose_rows_like_alone(batched, alone, rows, sequences, budgets, sampling, gens_batched,
+                                                   gens_alone, label=(kind, round_index))
+        compared += count
         for index, row in enumerate(rows):  # each row commits its own count of tokens
             count = 1 + (row * 3 + round_index) % (proposals[index].tokens.numel() + 1)
             new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator)])[:count]
