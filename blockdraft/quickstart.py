@@ -20,13 +20,32 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoTokenizer, DynamicCache
 
-from .config import ConfigError
+from . import assets, shipped
+from .assets import resolve_model
+from .checkpoints import load_drafter_model, save_drafter
+from .config import ConfigError, SamplingConfig
+from .data.conversations import ConversationError, load_conversations, tokenize_conversation
+from .data.prompts import load_prompts, read_rows
+from .data.regen import regen, training_prompts
+from .data.sources import SOURCES, conversations_file
+from .eval import metrics as M
+from .eval.bench import BenchConfig, parse_dataset, render_chat, run_bench
+from .eval.methods import build_runners
+from .eval.report import format_interval, speedup_cautions
+from .files import check_location, write_text_atomic
+from .target import Target, load_target, native_bf16
+from .train.checkpoint import latest_checkpoint
+from .train.config import TrainConfig
+from .train.features import topk_log_probs
+from .train.loop import train
 
 RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distill.json",
            "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
@@ -122,11 +141,6 @@ def probe_throughput(target, *, tokens: int = 64, steps: int = 3, load_s: float 
     loading took), or a name or folder loaded here at `auto` precision (bf16 only where native)."""
     if tokens < 8 + steps:
         raise ConfigError(f"the probe needs at least {8 + steps} tokens, got {tokens}")
-    from transformers import DynamicCache
-
-    from .target import Target, load_target, native_bf16
-    from .train.features import topk_log_probs
-
     started = time.monotonic()
     if isinstance(target, Target):
         load_s = load_s or 0.0
@@ -167,10 +181,6 @@ def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum
     cut at MAX_LENGTH as training cuts it. Rows longer than a quarter of `tokens` (at least 128) are passed
     over, so that the pass's deadline, checked between conversations, is never far overrun by one long one;
     so are rows with no answer token left after the cut. At least `minimum` rows while they fit."""
-    import tempfile
-
-    from .data.conversations import ConversationError, load_conversations, tokenize_conversation
-
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rows.jsonl"
         path.write_text("".join(row + "\n" for row in rows))
@@ -199,17 +209,6 @@ def _stage(name: str, started: float) -> None:
 def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen2.5-coder-1.5b-instruct",
                    draft_model: str = "qwen2.5-coder-0.5b-instruct", train_prompts: str = "sharegpt-code",
                    dataset: str = "humaneval", threads: int | None = None, fetch: bool = True) -> Path:
-    from . import assets
-    from .checkpoints import load_drafter_model, save_drafter
-    from .data.regen import regen, training_prompts
-    from .eval.bench import BenchConfig, run_bench
-    from .target import load_target
-    from .train.checkpoint import latest_checkpoint
-    from .train.config import TrainConfig
-    from .train.loop import train
-
-    from .files import check_location, write_text_atomic
-
     started = time.monotonic()
     out = check_location(out, replaced=False)
     out.mkdir(parents=True, exist_ok=True)
@@ -261,10 +260,6 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
         # No regeneration: its share goes to training, whose teacher-forced pass labels the text.
         train_share += SHARES["regen"]
         if not training_started and not data.exists():
-            from transformers import AutoTokenizer
-
-            from .assets import resolve_model
-
             tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
             chosen = conversations_for_tokens(answers[:4096], tokenizer, plan.feature_tokens)
             _stage(f"take {len(chosen)} conversations with their own answers from {train_prompts} (about "
@@ -343,22 +338,14 @@ def _methods(target: str, draft_model: str, drafter_dir: Path) -> tuple[str, ...
     fastest hybrid we have measured (lookup's long continuations cut by cost when the text repeats, else
     that DDTree); the training-free hybrid (lookup, else the small AR draft); beside the peers. A drafter
     shipped with the package for this target runs beside the one trained here."""
-    from .shipped import SHIPPED
-
-    shipped = [f"dflash:{d.name},tree=measured" for d in SHIPPED.values() if d.target == target]
-    return ("ar", f"small-ar:{draft_model}", _trained_method(drafter_dir), *shipped,
+    ours = [f"dflash:{d.name},tree=measured" for d in shipped.SHIPPED.values() if d.target == target]
+    return ("ar", f"small-ar:{draft_model}", _trained_method(drafter_dir), *ours,
             f"hybrid:lookup+dflash={drafter_dir},mode=fallback,tree=measured,tokens=24,branches=1,proposals=measured",
             f"hybrid:lookup+small-ar={draft_model},mode=fallback", f"hf-assisted:{draft_model}", "hf-prompt-lookup")
 
 
 def _first_prompt_tokens(target: str, dataset: str) -> int:
     """The first benchmark prompt's length in tokens, chat template included (what every method prefills)."""
-    from transformers import AutoTokenizer
-
-    from .assets import resolve_model
-    from .data.prompts import load_prompts
-    from .eval.bench import parse_dataset, render_chat
-
     name, path = parse_dataset(dataset)
     prompt = load_prompts(name, path=path, n=1)[0]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
@@ -376,8 +363,6 @@ def _cached_sequences(folder: Path) -> tuple[int, int] | None:
 
 
 def hardware_note(speed: Throughput | None = None) -> str:
-    from .target import native_bf16
-
     if native_bf16():
         return "this machine computes bf16 natively: bf16 throughout"
     measured = f" (measured here: {speed.pass_tok_s:.1f} tok/s teacher-forced, {speed.step_s * 1000:.0f} ms a " \
@@ -393,10 +378,6 @@ def _trained_steps(train_dir: Path) -> int:
 
 def late_layer(target: str) -> int:
     """Target layer N - 2 (of N decoder layers), read from the model's config.json without loading weights."""
-    from transformers import AutoConfig
-
-    from .assets import resolve_model
-
     config = AutoConfig.from_pretrained(resolve_model(target))
     layers = getattr(config, "num_hidden_layers", None) or getattr(config.get_text_config(), "num_hidden_layers")
     if layers < 3:
@@ -406,10 +387,6 @@ def late_layer(target: str) -> int:
 
 def draft_vocab(target: str) -> int | None:
     """DRAFT_VOCAB, or None (the whole vocabulary) for a target whose vocabulary is no larger."""
-    from transformers import AutoConfig
-
-    from .assets import resolve_model
-
     config = AutoConfig.from_pretrained(resolve_model(target))
     vocab = getattr(config, "vocab_size", None) or getattr(config.get_text_config(), "vocab_size")
     return DRAFT_VOCAB if vocab > DRAFT_VOCAB else None
@@ -423,8 +400,6 @@ def check_lossless(results: dict, target_name: str, methods: tuple[str, ...], da
     every prompt measured. Otherwise every method runs again in float32 on the first prompt for `tokens`
     tokens, until `deadline`; the result names the methods checked and those left unchecked.
     """
-    from .eval import metrics as M
-
     environment = results.get("environment", {})
     if environment.get("dtype") == "fp32":
         agreement = M.greedy_agreement(results)
@@ -445,12 +420,6 @@ def _all_identical(pairs) -> dict[str, bool]:
 
 def _rerun_fp32(target_name: str, methods: tuple[str, ...], dataset: str, *, tokens: int,
                 deadline: float | None) -> dict:
-    from .config import SamplingConfig
-    from .data.prompts import load_prompts
-    from .eval.bench import parse_dataset, render_chat
-    from .eval.methods import build_runners
-    from .target import load_target
-
     name, path = parse_dataset(dataset)
     prompt = load_prompts(name, path=path, n=1)[0]
     target = load_target(target_name, dtype="fp32")
@@ -500,8 +469,6 @@ def lossless_sentence(lossless: dict) -> str:
 
 def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, facts: dict | None = None) -> Path:
     """A plain-language verdict next to the numbers, derived from results.json (and the stages' `facts`)."""
-    from .eval import metrics as M
-
     facts = facts or {}
     units = M.units_by_run(results)  # every dataset pooled
     ar_units = units.get(("ar", None), {})
@@ -527,8 +494,6 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     lines.append("")
     small = [s for run, s in speedups.items() if run[0].startswith("small-ar") and s is not None]
     recipe = better_recipe(results.get("config", {}).get("target", ""))
-    from .eval.report import speedup_cautions
-
     trained = facts.get("trained_method")
     records_by_run: dict = {}
     for record in results["records"]:
@@ -566,8 +531,6 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
 def _hybrid_notes(method: str, records: list[dict], speed) -> list[str]:
     """A hybrid whose drafter part accepted nothing runs at lookup's speed (less the rounds spent asking
     the drafter), whatever its name says."""
-    from .eval import metrics as M
-
     if not method.startswith("hybrid:") or "lookup" not in method:
         return []
     summary = M.tree_summary(records)
@@ -585,9 +548,6 @@ def _hybrid_notes(method: str, records: list[dict], speed) -> list[str]:
 def answered_conversations(source: str) -> list[str] | None:
     """The JSONL rows of `source` that hold an answer to learn from ("sharegpt", "sharegpt-code" or a
     ShareGPT-style file), or None for a prompts-only file (whose answers must be regenerated)."""
-    from .data.prompts import read_rows
-    from .data.sources import SOURCES, conversations_file
-
     path = conversations_file(source) if source in SOURCES else Path(source)
     if source not in SOURCES and not path.exists():
         raise ConfigError(f"--train-prompts {source}: no such file (use sharegpt, sharegpt-code or a JSONL file)")
@@ -608,6 +568,4 @@ def better_recipe(target: str) -> str:
 
 
 def _fmt(estimate) -> str:
-    from .eval.report import format_interval
-
     return format_interval(estimate, "x")

@@ -106,7 +106,6 @@ UNEXPLAINED = {
     "blockdraft/eval/bench.py": 6,
     "blockdraft/eval/llamacpp_runner.py": 8,
     "blockdraft/eval/methods.py": 1,
-    "blockdraft/quickstart.py": 38,
     "blockdraft/target.py": 7,
 }
 
