@@ -9,18 +9,23 @@ nothing of decoding: the cache surgery after a verify pass lives in `decode/cach
 
 from __future__ import annotations
 
+import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from .config import ConfigError, validate_layer_ids
+from .assets import resolve_model
+from .config import DRAFTER_ARCHITECTURES, ConfigError, validate_layer_ids
 from .attention import additive_mask, tree_layout
 from .devices import (DTYPES, batched_dtype, default_device, native_bf16,  # noqa: F401 (re-exported)
                       parse_dtype, pick_device)
+from .sanity import check_finite
 
 
 @dataclass
@@ -200,13 +205,6 @@ def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: 
 def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
     """The model at `path`, refusing what transformers would only report: weights missing from the
     checkpoint (initialised at random), unexpected or mis-shaped ones. A tied `lm_head` is not missing."""
-    import json
-    import pickle
-
-    from safetensors import SafetensorError
-
-    from .sanity import check_finite
-
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"{path} has no config.json, so it is not a Hugging Face model folder; point --target at "
@@ -215,7 +213,6 @@ def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
         raw = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"{config_path} is not valid JSON ({err}); re-copy the model folder") from None
-    from .config import DRAFTER_ARCHITECTURES
 
     if isinstance(raw, dict) and any(name in DRAFTER_ARCHITECTURES for name in (raw.get("architectures") or [])):
         raise ConfigError(f"{path} is a DFlash drafter, not a target model: pass it as --drafter, and as --target "
@@ -248,8 +245,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def _load_tokenizer(path: Path):
     """The folder's tokenizer; None when it has none (transformers then builds one whose vocabulary is
     only its default special tokens, which encodes any text to no ids at all)."""
-    from transformers import AutoTokenizer
-
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as err:
@@ -267,6 +262,4 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
-    from .assets import resolve_model
-
     return Path(resolve_model(str(name_or_path)))
