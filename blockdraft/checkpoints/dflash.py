@@ -26,6 +26,7 @@ from ..config import ConfigError, DFlashConfig, default_target_layer_ids
 from ..drafters.dflash import DFlashDraftModel, DFlashDrafter
 from ..files import atomic_write_folder
 from ..sanity import check_drafter_file, check_finite  # noqa: F401 (check_finite: re-exported)
+from ..shipped import resolve_drafter, shipped_names
 from ..target import Target
 
 CONFIG_NAME = "config.json"
@@ -115,8 +116,6 @@ def zero_missing_o_proj_bias(model: DFlashDraftModel, state: Mapping[str, torch.
 
 def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
                        device: str | torch.device | None = None) -> DFlashDraftModel:
-    from ..shipped import resolve_drafter, shipped_names
-
     folder = resolve_drafter(path)
     if not folder.is_dir():
         raise ConfigError(f"drafter folder {folder} does not exist (shipped drafters by name: {shipped_names()})")

@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import check_compatible
 from ..files import atomic_write_folder
-from ..target import Target
+from ..target import Target, resolve_model_path
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
 CONSUMERS = ("zlab", "vllm", "sglang", "llama.cpp")  # llama.cpp: a GGUF file (engines/llamacpp_export.py)
@@ -51,8 +51,9 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
     if consumer not in CONSUMERS:
         raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)}, got {consumer!r}")
     if consumer == "llama.cpp":  # `out_dir` is the .gguf file; the target's HF folder is read by the converter
+        # a cycle between packages: engines.llamacpp_export imports checkpoints.dflash, whose package imports
+        # this module; at the top it would work only while `import blockdraft` loads checkpoints first
         from ..engines.llamacpp_export import export_drafter_gguf
-        from ..target import resolve_model_path
 
         target_dir = _need(target, "llama.cpp's converter takes the target's tokenizer and config").name
         return export_drafter_gguf(drafter_dir, resolve_model_path(target_dir), out_dir, overwrite=overwrite,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..assets import home
 from ..config import ConfigError
 from ..files import check_free_disk, file_sha256
 
@@ -51,8 +52,6 @@ class EngineError(ConfigError):
 
 
 def engine_root() -> Path:
-    from ..assets import home
-
     return home() / "engines" / "llama.cpp"
 
 

@@ -37,8 +37,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..assets import home, resolve_model
+from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
 from ..config import ConfigError
-from .llamacpp import EngineError, release_dir, tree_dir
+from ..shipped import resolve_drafter
+from .llamacpp import EngineError, engine_root, release_dir, tree_dir
 
 OUTTYPES = ("f32", "f16", "bf16")
 
@@ -51,7 +54,8 @@ def find_converter() -> Path:
     if not script.is_file():
         raise EngineError(f"llama.cpp's converter {script} is missing: run `blockdraft engines build llama.cpp`")
     try:
-        import sentencepiece  # noqa: F401  (the converter imports it for Qwen-family tokenizers)
+        # deferred: an optional dependency the converter imports for Qwen-family tokenizers; checked only here
+        import sentencepiece  # noqa: F401
     except ImportError:
         raise EngineError("llama.cpp's converter imports sentencepiece for Qwen-family tokenizers: "
                           "pip install sentencepiece") from None
@@ -76,8 +80,6 @@ def run_converter(model_dir: Path, out_file: Path, *, target_dir: Path | None = 
 
 
 def _resolve_target_dir(target: str | Path) -> Path:
-    from ..assets import resolve_model
-
     folder = Path(resolve_model(str(target)))
     if not (folder / "config.json").is_file():
         raise ConfigError(f"--target {target} is not a Hugging Face model folder (no config.json)")
@@ -108,9 +110,6 @@ def _check_target(config, target_dir: Path) -> dict:
 def prepare_export(drafter_dir: str | Path, target_dir: Path, folder: Path, *,
                    drop_attention_bias: bool = False) -> tuple[list[str], dict]:
     """Write the converter's input folder for our drafter; returns (notes, facts about the export)."""
-    from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
-    from ..shipped import resolve_drafter
-
     source = resolve_drafter(drafter_dir)
     model = load_drafter_model(source)
     config = model.config
@@ -263,7 +262,7 @@ def dflash_target_archs(tree: Path | None = None) -> set[str]:
 
 
 def gguf_architecture(path: str | Path) -> str:
-    import gguf
+    import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
 
     field = gguf.GGUFReader(str(path)).fields.get("general.architecture")
     return str(field.contents()) if field is not None else ""
@@ -283,7 +282,7 @@ def check_dflash_target(target_gguf: str | Path, tree: Path | None = None) -> No
 
 def read_gguf_summary(path: str | Path) -> dict:
     """Architecture, the DFlash metadata and the tensor names of a GGUF (gguf.GGUFReader)."""
-    import gguf
+    import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
 
     reader = gguf.GGUFReader(str(path))
     fields = {}
@@ -333,16 +332,12 @@ def convert_target_gguf(target: str | Path, out_file: str | Path, *, outtype: st
 
 def target_gguf_path(target: str, outtype: str) -> Path:
     """Where `convert_target_gguf` keeps a converted asset target: $BLOCKDRAFT_HOME/engines/llama.cpp/gguf/."""
-    from .llamacpp import engine_root
-
     name = Path(str(target).rstrip("/")).name
     return engine_root() / "gguf" / f"{name}-{outtype}.gguf"
 
 
 def shipped_target_gguf(target: str) -> Path:
     """The asset's own Q4_K_M GGUF, kept by `blockdraft assets fetch NAME --keep-sources`."""
-    from ..assets import home
-
     name = Path(str(target).rstrip("/")).name
     path = home() / "gguf" / f"{name}.gguf"
     if not path.is_file():

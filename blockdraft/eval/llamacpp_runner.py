@@ -38,10 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..config import ConfigError
 from ..drafters.spec import Option, choice as one_of, parse_options, positive_int, unit_interval
+from ..engines import llamacpp_export
+from ..engines.gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
 from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
+from ..shipped import resolve_drafter
 from .measurement import Measurement
 
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
@@ -110,29 +115,26 @@ def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
 
 def target_gguf(target_name: str, choice: str, log=None) -> Path:
     """The target GGUF file a `gguf=` option names (converting an HF folder once, when asked for f16/f32)."""
-    from ..engines.llamacpp_export import convert_target_gguf, shipped_target_gguf, target_gguf_path
-
     if choice.endswith(".gguf"):
         if not Path(choice).is_file():
             raise EngineError(f"target GGUF {choice} does not exist")
         return Path(choice)
     if choice == "q4_k_m":
-        return shipped_target_gguf(target_name)
-    return convert_target_gguf(target_name, target_gguf_path(target_name, choice), outtype=choice, log=log)
+        return llamacpp_export.shipped_target_gguf(target_name)
+    out_file = llamacpp_export.target_gguf_path(target_name, choice)
+    return llamacpp_export.convert_target_gguf(target_name, out_file, outtype=choice, log=log)
 
 
 def runnable_target_gguf(model: Path, spec: "LlamaCppSpec", tree: Path | None = None, log=None) -> Path:
     """The target file the server loads: `model` itself, or its `llama`-architecture copy (the same weights,
     `engines/gguf_arch.py`) when `arch=llama`, or when `arch=auto` and a DFlash/DSpark draft needs the layer
     hidden states that llama.cpp's graph for the file's own architecture does not expose (Qwen2)."""
-    from ..engines.gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
-    from ..engines.llamacpp_export import dflash_target_archs, gguf_architecture
-
     arch = spec.options.get("arch", "auto")
     if arch == "native":
         return model
-    if arch == "auto" and (spec.mode not in ("dflash", "dspark") or gguf_architecture(model) != SOURCE_ARCH
-                           or SOURCE_ARCH in dflash_target_archs(tree)):
+    if arch == "auto" and (spec.mode not in ("dflash", "dspark")
+                           or llamacpp_export.gguf_architecture(model) != SOURCE_ARCH
+                           or SOURCE_ARCH in llamacpp_export.dflash_target_archs(tree)):
         return model
     copy = engine_root() / "gguf" / f"{model.stem}-as-llama.gguf"
     if copy.is_file() and copy.stat().st_mtime >= model.stat().st_mtime:
@@ -142,9 +144,6 @@ def runnable_target_gguf(model: Path, spec: "LlamaCppSpec", tree: Path | None = 
 
 def _draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, dict]:
     """An exported drafter GGUF: given as one, or exported once into the engine's cache (keyed by content)."""
-    from ..engines.llamacpp_export import export_drafter_gguf
-    from ..shipped import resolve_drafter
-
     if drafter.endswith(".gguf"):
         path = Path(drafter)
         sidecar = path.with_name(path.name + ".json")
@@ -162,7 +161,8 @@ def _draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, 
     sidecar = path.with_name(path.name + ".json")
     if path.is_file() and sidecar.is_file():
         return path, json.loads(sidecar.read_text())
-    _, facts = export_drafter_gguf(folder, target_name, path, drop_attention_bias=drop_bias, overwrite=True)
+    _, facts = llamacpp_export.export_drafter_gguf(folder, target_name, path, drop_attention_bias=drop_bias,
+                                                   overwrite=True)
     return path, json.loads(sidecar.read_text()) if sidecar.is_file() else facts
 
 
@@ -214,9 +214,7 @@ class LlamaCppRunner:
                                      log=lambda line: print(f"  [{self.method}] {line}", file=sys.stderr, flush=True))
         draft, facts = None, None
         if self.spec.mode in ("dflash", "dspark"):
-            from ..engines.llamacpp_export import check_dflash_target
-
-            check_dflash_target(model, build.tree)
+            llamacpp_export.check_dflash_target(model, build.tree)
             draft, facts = _draft_gguf(self.spec.drafter, self.target_name,
                                        self.spec.options.get("drop_bias", "off") == "on")
         extra = server_arguments(self.spec, facts)
@@ -264,10 +262,8 @@ class LlamaCppRunner:
 def _arch(path: Path) -> str:
     """The file's `general.architecture` for the record ("unreadable" when the reader fails: the server,
     not this record, is the judge of a file)."""
-    from ..engines.llamacpp_export import gguf_architecture
-
     try:
-        return gguf_architecture(path)
+        return llamacpp_export.gguf_architecture(path)
     except (ValueError, IndexError, OSError):
         return "unreadable"
 
@@ -279,8 +275,6 @@ def _slug(text: str) -> str:
 def build_llamacpp_runner(name: str, arg: str | None, target, *, log_dir: Path | None) -> LlamaCppRunner:
     """The runner for one `llamacpp...` method, its server started and checked; on failure the runner is
     returned with `failed` set (and its `info["error"]`), so the bench records it and goes on."""
-    import torch
-
     spec = parse_llamacpp(arg)
     runner = LlamaCppRunner(name, spec, target.name, target.tokenizer, torch.get_num_threads(), log_dir,
                             info={"kind": "llamacpp", "mode": spec.mode})
