@@ -95,19 +95,6 @@ def test_the_target_adapter_imports_nothing_above_it():
 
 #: what a function-local import's comment must say: the cycle it breaks or the dependency it defers
 REASON = re.compile(r"\b(cycle|defer)", re.IGNORECASE)
-#: files whose function-local imports are not all explained yet -> how many are not (a ratchet: it may only
-#: shrink; move an import to the top of its module, or say in a comment which cycle or dependency it defers)
-UNEXPLAINED = {
-    "blockdraft/checkpoints/dflash.py": 1,
-    "blockdraft/checkpoints/export.py": 2,
-    "blockdraft/engines/gguf_arch.py": 1,
-    "blockdraft/engines/llamacpp.py": 1,
-    "blockdraft/engines/llamacpp_export.py": 8,
-    "blockdraft/eval/bench.py": 6,
-    "blockdraft/eval/llamacpp_runner.py": 8,
-    "blockdraft/eval/methods.py": 1,
-    "blockdraft/target.py": 7,
-}
 
 
 def local_imports_without_reason(path: Path) -> list[int]:
@@ -146,13 +133,7 @@ def local_imports_without_reason(path: Path) -> list[int]:
 
 
 def test_function_local_imports_say_why():
-    counts = {str(path.relative_to(PACKAGE.parent)): len(local_imports_without_reason(path))
-              for path in sorted(PACKAGE.rglob("*.py"))}
-    unexplained = {name: count for name, count in counts.items() if count}
-    grown = {name: (count, UNEXPLAINED.get(name, 0)) for name, count in unexplained.items()
-             if count > UNEXPLAINED.get(name, 0)}
-    assert not grown, ("function-local imports without a comment saying which cycle they break or which heavy "
-                       f"dependency they defer (file: (now, allowed)): {grown}; move them to the top of the module")
-    shrunk = {name: (counts.get(name, 0), allowed) for name, allowed in UNEXPLAINED.items()
-              if counts.get(name, 0) < allowed}
-    assert not shrunk, f"fewer unexplained imports than UNEXPLAINED allows (file: (now, allowed)): lower it {shrunk}"
+    unexplained = {str(path.relative_to(PACKAGE.parent)): lines for path in sorted(PACKAGE.rglob("*.py"))
+                   if (lines := local_imports_without_reason(path))}
+    assert not unexplained, ("function-local imports without a comment saying which cycle they break or which heavy "
+                             f"dependency they defer (file: lines): {unexplained}; move them to the top of the module")

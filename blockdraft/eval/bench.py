@@ -50,8 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy
 import torch
+import transformers
 
+from .. import __version__
 from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_types, check_ranges
 from ..cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
@@ -60,6 +63,7 @@ from ..target import default_device, load_target, native_bf16
 from .batch_bench import check_methods, measure_batches, pending_batches
 from .methods import build_runners, close_runners, parse_method, run_or_fail
 from .rendering import prompt_sha256, render_chat
+from .report import write_report
 
 SCHEMA = BENCH_SCHEMA
 DEFAULT_LOOKAHEAD = 20  # positions a round may hold beyond the committed text (HF assisted drafts up to 20)
@@ -263,11 +267,6 @@ def cpu_model() -> str:
 
 
 def environment(target, config: BenchConfig) -> dict[str, Any]:
-    import numpy
-    import transformers
-
-    from .. import __version__
-
     device = target.device
     return {
         "blockdraft": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
@@ -513,8 +512,6 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
                                      hard=hard_deadline, timing=timing)
             except BaseException:
                 if results["records"]:  # results.json never stands without the report of what it holds
-                    from .report import write_report
-
                     write_report(results, out_dir)
                 raise
             finally:
@@ -526,16 +523,12 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
                 write_results(out_dir / RESULTS, results)  # with any method's failure recorded
     else:
         log(f"bench: every prompt is already measured in {out_dir / RESULTS}; redrawing the report")
-    from .report import write_report
-
     write_report(results, out_dir)
     return results
 
 
 def redraw_report(results: str | Path, out: str | Path | None = None) -> Path:
     """report.md and plots from a results.json (or the folder holding it), beside it unless `out`."""
-    from .report import write_report
-
     source = Path(results)
     loaded = read_results(source)
     out_dir = check_location(Path(out) if out else (source if source.is_dir() else source.parent), replaced=False)

@@ -45,6 +45,7 @@ from .. import generate, generate_batch
 from ..config import ConfigError, SamplingConfig
 from ..drafters.spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
                              drafters_help, parse_spec, split_kind)
+from ..engines.llamacpp import EngineError
 from ..target import Target
 from ..timing import elapsed, synchronize, timed
 from .llamacpp_runner import build_llamacpp_runner, parse_llamacpp
@@ -234,8 +235,6 @@ class HFRunner:
 def run_or_fail(runner, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement | None:
     """`runner.run`, except that an external engine's failure (a llama-server that crashed) ends that method
     alone: recorded in its description, None returned, and the runner skipped from then on."""
-    from ..engines.llamacpp import EngineError
-
     if getattr(runner, "failed", None):
         return None
     try:
