@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..assets import path as asset_path
+from .. import assets  # looked up at call time, so a test can stand in for a fetched asset
 from ..files import read_text
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -188,7 +188,7 @@ def load_prompts(name: str, *, path: str | Path | None = None, n: int | None = N
         if spec.asset is None:
             raise PromptError(f"{name} is not shipped in any package: pass path= (a JSONL file or a "
                               f"datasets.save_to_disk folder) with its usual fields")
-        path = asset_path(spec.asset)
+        path = assets.path(spec.asset)
     rows = read_rows(path)
     if shipped_file and len(rows) != spec.size:
         raise PromptError(f"{path} has {len(rows)} rows, expected {spec.size}; run "
@@ -263,7 +263,7 @@ def load_sharegpt(path: str | Path | None = None, *, n: int | None = None, code_
     """Opening user turn of every complete ShareGPT record (the shipped file is truncated), deduplicated
     by id and by text. Of the shipped file's 17,671 complete records about 11k open with the user."""
     if path is None:
-        path = asset_path("sharegpt")
+        path = assets.path("sharegpt")
     text = read_text(path, what="ShareGPT file")
     prompts, seen_ids, seen_texts = [], set(), set()
     for index, record in enumerate(iter_json_array(text)):
