@@ -439,3 +439,12 @@ def test_export_cli_writes_each_consumer_folder_and_names_bad_input(chat_model, 
         main(["export", str(drafter_dir), "--for", "tensorrt", "--out", str(tmp_path / "z")])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
     assert not any((tmp_path / name).exists() for name in ("x", "y", "z"))
+
+
+def test_export_drafter_names_the_gguf_writer_for_llamacpp(tmp_path):
+    """checkpoints/ writes folders; llama.cpp's GGUF comes from the engines package (no lower-to-higher import)."""
+    from blockdraft.checkpoints import export_drafter
+
+    with pytest.raises(ConfigError, match="export_drafter_gguf"):
+        export_drafter(tmp_path / "drafter", tmp_path / "out", "llama.cpp")
+    assert not (tmp_path / "out").exists()

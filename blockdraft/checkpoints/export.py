@@ -36,28 +36,23 @@ from safetensors.torch import save_file
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import check_compatible
 from ..files import atomic_write_folder
-from ..target import Target, resolve_model_path
+from ..target import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
-CONSUMERS = ("zlab", "vllm", "sglang", "llama.cpp")  # llama.cpp: a GGUF file (engines/llamacpp_export.py)
+CONSUMERS = ("zlab", "vllm", "sglang")  # folders; llama.cpp's GGUF file is engines/llamacpp_export.py's
 
 
 def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, *, target: Target | None = None,
-                   full_vocab: bool = False, overwrite: bool = False, drop_attention_bias: bool = False,
-                   outtype: str = "f32") -> list[str]:
+                   full_vocab: bool = False, overwrite: bool = False) -> list[str]:
     """Write the folder `consumer` reads from the drafter at `drafter_dir`; returns one note per thing
     dropped or converted. `target` is needed only when the export reads target weights (vLLM with a
-    reduced vocabulary or a scaled embedding) or the drafter predates recording its embedding scale."""
+    reduced vocabulary or a scaled embedding) or the drafter predates recording its embedding scale.
+    llama.cpp reads a GGUF file instead: `blockdraft.engines.llamacpp_export.export_drafter_gguf`."""
+    if consumer == "llama.cpp":
+        raise ConfigError("llama.cpp reads a GGUF file, written by blockdraft.engines.llamacpp_export."
+                          "export_drafter_gguf(drafter, target, out_file) (the CLI: export --for llama.cpp)")
     if consumer not in CONSUMERS:
-        raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)}, got {consumer!r}")
-    if consumer == "llama.cpp":  # `out_dir` is the .gguf file; the target's HF folder is read by the converter
-        # a cycle between packages: engines.llamacpp_export imports checkpoints.dflash, whose package imports
-        # this module; at the top it would work only while `import blockdraft` loads checkpoints first
-        from ..engines.llamacpp_export import export_drafter_gguf
-
-        target_dir = _need(target, "llama.cpp's converter takes the target's tokenizer and config").name
-        return export_drafter_gguf(drafter_dir, resolve_model_path(target_dir), out_dir, overwrite=overwrite,
-                                   drop_attention_bias=drop_attention_bias, outtype=outtype)[0]
+        raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)} or llama.cpp, got {consumer!r}")
     model = load_drafter_model(drafter_dir)  # validates the folder; heads stay in the file, unread
     config = model.config
     if target is not None:

@@ -216,7 +216,7 @@ def add_import_dspark(sub) -> None:
 def add_export(sub) -> None:
     p = sub.add_parser("export", help="write a drafter folder for the reference dflash package, vLLM or SGLang")
     p.add_argument("drafter", help="drafter folder (config.json + model.safetensors)")
-    p.add_argument("--for", dest="consumer", required=True, choices=CONSUMERS,
+    p.add_argument("--for", dest="consumer", required=True, choices=(*CONSUMERS, "llama.cpp"),
                    help="the engine that will load it (see docs/export.md)")
     p.add_argument("--out", required=True, help="output folder")
     add_overwrite_flag(p)
