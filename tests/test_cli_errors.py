@@ -505,6 +505,11 @@ CASES += [
      ["not a regular file"]),
     ("gen-lookup-corpus-folder", sandbox_folder("c.jsonl"), LOOKUP, ["is a folder"]),
     ("train-data-folder", sandbox_folder("d.jsonl"), TRAIN + ["data={sandbox}/d.jsonl"], ["is a folder"]),
+    # a pipe was called a missing file
+    ("bench-dataset-fifo", fifo("he.jsonl"),
+     ["bench", "--target", "{target}", "--method", "ar", "--dataset", "humaneval={sandbox}/he.jsonl", "--dtype",
+      "fp32", "--out", "{sandbox}/b"], ["not a regular file"]),
+    ("train-config-fifo", fifo("recipe.json"), ["train", "--config", "{sandbox}/recipe.json"], ["not a regular file"]),
 ]
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable
     CASES += [("bench-out-proc", no_setup, BENCH + ["--method", "ar", "--out", "/proc/blockdraft-test"],

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .. import assets  # looked up at call time, so a test can stand in for a fetched asset
-from ..files import read_text
+from ..files import read_text, why_not_a_file
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
@@ -132,7 +132,7 @@ def read_rows(path: str | Path) -> list[dict]:
     if path.is_dir():
         return _read_saved_dataset(path)
     if not path.is_file():
-        raise PromptError(f"{path} does not exist; pass a JSONL file or a datasets.save_to_disk folder")
+        raise PromptError(f"{path} {why_not_a_file(path)}; pass a JSONL file or a datasets.save_to_disk folder")
     text = read_text(path, what="prompt file")
     if path.name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
         rows = json.loads(text)

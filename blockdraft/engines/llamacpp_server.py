@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..files import why_not_a_file
 from .llamacpp import EngineError
 
 STARTUP_TIMEOUT_S = 300.0
@@ -128,7 +129,7 @@ class LlamaServer:
     def start(self) -> "LlamaServer":
         for path, what in ((self.binary, "llama-server"), (self.model, "model"), (self.draft, "draft model")):
             if path is not None and not path.is_file():
-                raise EngineError(f"{what} {path} does not exist"
+                raise EngineError(f"{what} {path} {why_not_a_file(path)}"
                                   + ("; run `blockdraft engines build llama.cpp`" if what == "llama-server" else ""))
         if self.port is None:
             self.port = free_port(self.host)

@@ -46,6 +46,7 @@ from ..engines import llamacpp_export
 from ..engines.gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
 from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
+from ..files import why_not_a_file
 from ..shipped import resolve_drafter
 from .measurement import Measurement
 
@@ -117,7 +118,7 @@ def target_gguf(target_name: str, choice: str, log=None) -> Path:
     """The target GGUF file a `gguf=` option names (converting an HF folder once, when asked for f16/f32)."""
     if choice.endswith(".gguf"):
         if not Path(choice).is_file():
-            raise EngineError(f"target GGUF {choice} does not exist")
+            raise EngineError(f"target GGUF {choice} {why_not_a_file(Path(choice))}")
         return Path(choice)
     if choice == "q4_k_m":
         return llamacpp_export.shipped_target_gguf(target_name)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS, ConfigError, check_field_types, check_ranges
 from ..devices import DTYPES, native_bf16
-from ..files import read_text
+from ..files import read_text, why_not_a_file
 from ..losses import LOSSES, SOFT_TARGET_LOSSES, TERMS, LossKnobs, objective_options, reads
 from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
 from .labels import LABEL_POLICIES
@@ -245,7 +245,7 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> "TrainConfig":
         if not Path(path).is_file():
-            raise ConfigError(f"recipe {path} does not exist")
+            raise ConfigError(f"recipe {path} {why_not_a_file(Path(path))}")
         try:
             raw = json.loads(read_text(path, what="recipe"))
         except json.JSONDecodeError as err:
