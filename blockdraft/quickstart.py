@@ -39,7 +39,7 @@ from .data.sources import SOURCES, conversations_file
 from .eval import metrics as M
 from .eval.bench import BenchConfig, parse_dataset, render_chat, run_bench
 from .eval.methods import build_runners
-from .eval.report import format_interval, speedup_cautions
+from .eval.report import MIN_PROMPTS, format_interval, speedup_cautions
 from .files import check_location, write_text_atomic
 from .target import Target, load_target, native_bf16
 from .train.checkpoint import latest_checkpoint
@@ -64,6 +64,8 @@ TOPK = 32  # the cached top-k log-probabilities (train.config.DEFAULT_CACHE_TOPK
 DRAFT_LAYERS, NUM_ANCHORS, BLOCK_SIZE, DRAFT_VOCAB = 1, 64, 8, 8192
 WARMUP_TOKENS = 16  # eval.bench.WARMUP_TOKENS: every method's warm-up generation
 SLOWER = 1.6  # a method's tokens cost up to this many plain steps each on a CPU (docs/hardware.md)
+BENCH_TOKENS = (32, 128)  # new tokens per benchmark prompt: the fewest worth a speedup, the most worth waiting for
+BENCH_PROMPTS = 10  # the benchmark asks for at most this many; its hard deadline stops before one that would not fit
 
 
 def bench_share(dtype: str) -> float:
@@ -110,8 +112,9 @@ class Plan:
         """The work each stage's share of `left_s` seconds buys at the probed `speed`.
 
         With existing answers (`answers`), the feature pass gets FEATURES_SHARE of the training share
-        and the steps the rest; the benchmark's new tokens are those that let every one of `methods`
-        (warm-up and measured run, each prefilling `prompt_tokens`) finish the first prompt in its share.
+        and the steps the rest. The benchmark's share (every one of `methods` warms up once, then prefills
+        `prompt_tokens` and decodes per prompt) buys MIN_PROMPTS prompts first, then new tokens up to
+        BENCH_TOKENS[1]; at BENCH_TOKENS[0] tokens it buys as many prompts as fit, at least one.
         """
         shape = cls.for_budget(minutes)
         train_s = (SHARES["train"] + (SHARES["regen"] if answers else 0.0)) * left_s
@@ -123,13 +126,16 @@ class Plan:
         train_steps = int(min(400, max(10, (train_s - features_s) / step_s)))
         bench_s = bench_share(speed.dtype) * left_s - 2 * speed.load_s  # the target, the small draft, the drafters
         prefill_s = prompt_tokens / speed.pass_tok_s
-        per_prompt_fixed = methods * (2 * prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)
-        per_token = methods * SLOWER * speed.step_s
-        tokens = int((bench_s - per_prompt_fixed) / per_token)
-        bench_tokens = int(min(128, max(16, tokens)))
-        one_prompt = methods * (prefill_s + bench_tokens * SLOWER * speed.step_s)
-        extra = (bench_s - per_prompt_fixed - bench_tokens * per_token) / max(one_prompt, 1e-9)
-        bench_prompts = int(min(shape.bench_prompts if minutes < 30 else 3, 1 + max(0, int(extra))))
+        warm_ups = methods * (prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)  # once, on the first prompt
+        per_token = methods * SLOWER * speed.step_s  # a new token of every method, one prompt
+        # Prompts before tokens: MIN_PROMPTS prompts separate a speedup from noise, one prompt measures
+        # nothing. Tokens fill what MIN_PROMPTS prompts leave, within [BENCH_TOKENS[0], BENCH_TOKENS[1]];
+        # when even the fewest tokens do not fit MIN_PROMPTS prompts, fewer prompts run.
+        fewest, most = BENCH_TOKENS
+        tokens = (bench_s - warm_ups - MIN_PROMPTS * methods * prefill_s) / (MIN_PROMPTS * per_token)
+        bench_tokens = int(min(most, max(fewest, tokens)))
+        one_prompt = methods * prefill_s + bench_tokens * per_token
+        bench_prompts = int(min(BENCH_PROMPTS, max(1, (bench_s - warm_ups) // max(one_prompt, 1e-9))))
         return cls(train_conversations=shape.train_conversations, regen_tokens=shape.regen_tokens,
                    train_steps=train_steps, bench_prompts=max(1, bench_prompts), bench_tokens=bench_tokens,
                    feature_tokens=feature_tokens)
@@ -242,8 +248,9 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     loaded = load_target(target, dtype="auto")  # kept for training, which would load it again
     speed = probe_throughput(loaded, load_s=time.monotonic() - loading)
     left = max(budget * 60 - (time.monotonic() - started), 60.0)
+    available, prompt_tokens = _benchmark_prompts(target, dataset)
     plan = Plan.for_machine(budget, left, speed, answers=answers is not None, methods=len(methods),
-                            prompt_tokens=_first_prompt_tokens(target, dataset))
+                            prompt_tokens=prompt_tokens)
     print(f"quickstart: {speed.dtype}: a teacher-forced pass at {speed.pass_tok_s:.1f} tok/s, a decoding step "
           f"{speed.step_s * 1000:.0f} ms (probe {speed.probe_s:.0f} s); {left / 60:.1f} min left -> {plan}", flush=True)
     hardware = hardware_note(speed)
@@ -306,9 +313,12 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     # less the separate check (bf16 only) and half a minute for the summary.
     bench_deadline = max(time.monotonic() + bench_share(speed.dtype) * left,
                          started + budget * 60 - (0.0 if speed.dtype == "fp32" else CHECK_SHARE * left) - 30)
-    _stage(f"benchmark on {dataset} (up to {plan.bench_prompts} prompts, {plan.bench_tokens} new tokens, "
+    _stage(f"benchmark on {dataset} ({plan.bench_prompts} prompt(s) planned, more while time is left, "
+           f"{plan.bench_tokens} new tokens, "
            f"{speed.dtype}, {(bench_deadline - time.monotonic()) / 60:.1f} min)", started)
-    bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=plan.bench_prompts,
+    # The plan's prompt count is what its share fits; the time earlier stages left unused buys more, so the
+    # benchmark asks for BENCH_PROMPTS and its hard deadline stops before the first prompt that would not fit.
+    bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=min(available, max(plan.bench_prompts, BENCH_PROMPTS)),
                         max_new_tokens=plan.bench_tokens, dtype="auto", threads=threads)
     # Hard: on a slow machine even the first prompt's runs stop at the share, the methods left out.
     results = run_bench(bench, out / "bench", deadline=bench_deadline, hard_deadline=True)
@@ -344,12 +354,13 @@ def _methods(target: str, draft_model: str, drafter_dir: Path) -> tuple[str, ...
             f"hybrid:lookup+small-ar={draft_model},mode=fallback", f"hf-assisted:{draft_model}", "hf-prompt-lookup")
 
 
-def _first_prompt_tokens(target: str, dataset: str) -> int:
-    """The first benchmark prompt's length in tokens, chat template included (what every method prefills)."""
+def _benchmark_prompts(target: str, dataset: str) -> tuple[int, int]:
+    """How many prompts the benchmark set holds, and the first one's length in tokens, chat template
+    included (what every method prefills)."""
     name, path = parse_dataset(dataset)
-    prompt = load_prompts(name, path=path, n=1)[0]
+    prompts = load_prompts(name, path=path)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
-    return len(render_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}]))
+    return len(prompts), len(render_chat(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}]))
 
 
 def _cached_sequences(folder: Path) -> tuple[int, int] | None:

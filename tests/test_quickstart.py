@@ -5,7 +5,9 @@ import json
 import pytest
 
 from blockdraft.config import ConfigError
-from blockdraft.quickstart import Plan, Throughput, bench_share, probe_throughput, run_quickstart, write_summary
+from blockdraft.eval.report import MIN_PROMPTS
+from blockdraft.quickstart import (BENCH_TOKENS, Plan, Throughput, bench_share, probe_throughput, run_quickstart,
+                                   write_summary)
 from blockdraft.target import native_bf16
 from chat_fixtures import save_tiny_chat_model
 from helpers import write_chat_jsonl
@@ -82,16 +84,22 @@ def _speed(pass_tok_s: float, step_s: float) -> Throughput:
 
 def test_the_plan_scales_with_the_probed_throughput():
     """The native-bf16 machine's sizes are not assumed: a machine 4x slower caches 4x fewer tokens, trains
-    fewer steps and benchmarks fewer new tokens in the same budget."""
+    fewer steps and benchmarks less in the same budget; the benchmark buys prompts before tokens."""
     common = dict(answers=True, methods=8, prompt_tokens=150)
     fast = Plan.for_machine(30, 29 * 60, _speed(60.0, 0.1), **common)
     slow = Plan.for_machine(30, 29 * 60, _speed(15.0, 0.4), **common)
     assert fast.feature_tokens == 4 * slow.feature_tokens > 0
-    assert slow.train_steps < fast.train_steps and slow.bench_tokens < fast.bench_tokens
-    # every plan keeps its benchmark's first prompt (warm-ups included) inside the benchmark's share
+    assert slow.train_steps < fast.train_steps
+    # the fast machine fits MIN_PROMPTS prompts and spends the rest on tokens; the slow one keeps the fewest
+    # tokens worth measuring and fits fewer prompts, never none
+    assert fast.bench_prompts >= MIN_PROMPTS and BENCH_TOKENS[0] < fast.bench_tokens <= BENCH_TOKENS[1]
+    assert slow.bench_tokens == BENCH_TOKENS[0] and 1 <= slow.bench_prompts < MIN_PROMPTS
+    # every plan keeps its benchmark (warm-ups once, then its prompts) inside the benchmark's share
     for speed, plan in ((_speed(60.0, 0.1), fast), (_speed(15.0, 0.4), slow)):
-        per_method = 2 * 150 / speed.pass_tok_s + (16 + plan.bench_tokens) * 1.6 * speed.step_s
-        assert 2 * speed.load_s + 8 * per_method <= bench_share("fp32") * 29 * 60 + 1e-6
+        prefill = 150 / speed.pass_tok_s
+        warm_ups = 8 * (prefill + 16 * 1.6 * speed.step_s)
+        prompts = plan.bench_prompts * 8 * (prefill + plan.bench_tokens * 1.6 * speed.step_s)
+        assert 2 * speed.load_s + warm_ups + prompts <= bench_share("fp32") * 29 * 60 + 1e-6
     regen = Plan.for_machine(30, 29 * 60, _speed(15.0, 0.4), answers=False, methods=8, prompt_tokens=150)
     assert regen.feature_tokens == 0 and regen.train_steps < slow.train_steps * 2
 
