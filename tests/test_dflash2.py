@@ -493,8 +493,9 @@ def test_selector_trees_are_lossless_and_hold_the_selector_chain():
     drafter.reset(prompt[:, :-1], features)
     with torch.inference_mode():
         block = drafter.draft_block_hidden(prompt, 7)
-        tokens, parents = selector_tree(drafter.model.candidate_selector, block, drafter.head(block),
-                                        int(prompt[0, -1]), 64)
+        tokens, parents, scores = selector_tree(drafter.model.candidate_selector, block, drafter.head(block),
+                                                int(prompt[0, -1]), 64)
+    assert all(a >= b - 1e-6 for a, b in zip(scores, scores[1:]))  # best-first: path scores never rise
     path, node = [], None
     for depth in range(7):  # follow, from the anchor, the first-offered child at each depth: the greedy chain
         node = next(i for i, p in enumerate(parents) if p == (-1 if node is None else node))
@@ -504,8 +505,8 @@ def test_selector_trees_are_lossless_and_hold_the_selector_chain():
 
 def test_a_tree_budget_over_a_selector_drafter_grows_the_selector_tree():
     """`generate(tree_budget=N)` and bench's `tree=N` give a DFlash 2 drafter with a selector the selector's
-    tree (not DDTree over the backbone's marginals, which ignore the selector); "measured" and drafters
-    without a selector keep the marginal tree; greedy output stays plain decoding's."""
+    tree (not DDTree over the backbone's marginals, which ignore the selector), and so does "measured";
+    drafters without a selector keep the marginal tree; greedy output stays plain decoding's."""
     from blockdraft.drafters.selector_tree import SelectorTree
     from blockdraft.drafters.tree import TreeDrafter, as_tree
 
@@ -513,7 +514,7 @@ def test_a_tree_budget_over_a_selector_drafter_grows_the_selector_tree():
     drafter = init_drafter(target, num_layers=1, block_size=6, arch="dflash2", selector_rank=8, selector_top_k=4)
     randomise_dflash2(drafter, conv=0.05, selector=0.5)
     assert isinstance(as_tree(drafter, 12, target), SelectorTree)
-    assert isinstance(as_tree(drafter, "measured", target), TreeDrafter)
+    assert isinstance(as_tree(drafter, "measured", target), SelectorTree)
     no_selector = init_drafter(target, num_layers=1, block_size=6, arch="dflash2", selector_rank=None)
     assert isinstance(as_tree(no_selector, 12, target), TreeDrafter)
     with pytest.raises(ConfigError, match="already builds trees"):
@@ -523,6 +524,37 @@ def test_a_tree_budget_over_a_selector_drafter_grows_the_selector_tree():
     result = blockdraft.generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=(), tree_budget=12)
     assert result.tokens == plain
     assert any(r.draft_parents is not None and len(r.draft_parents) > 1 for r in result.rounds)
+
+
+def test_a_measured_selector_tree_is_sized_by_the_verify_cost():
+    """tree=measured over a selector keeps the best-first prefix with the most expected tokens per second
+    (the one cost rule): a flat verify curve keeps every node offered, a steep one a single node; with the
+    target's own timed curve the output is still plain decoding's, one prompt and batch rows."""
+    from blockdraft.drafters.selector_tree import SelectorTree
+    from blockdraft.drafters.tree import as_tree
+
+    target = tiny_target("qwen3")
+    drafter = init_drafter(target, num_layers=1, block_size=6, arch="dflash2", selector_rank=8, selector_top_k=4)
+    randomise_dflash2(drafter, conv=0.05, selector=0.5)
+    prompt = prompts(1, seed=11)[0]
+    features = target.forward(prompt[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
+    kept = {}
+    for name, curve in (("flat", lambda k: 1.0), ("steep", lambda k: 1.0 + 100.0 * k)):
+        tree = SelectorTree(drafter, "measured", verify_cost=curve, max_nodes=20)
+        tree.reset(prompt[:, :-1], features)
+        proposal = tree.propose(prompt, 5, SamplingConfig(), None)
+        kept[name] = (proposal.tokens.numel(), tree.last_budget)
+    assert kept == {"flat": (20, 20), "steep": (1, 1)}
+    with pytest.raises(ConfigError, match="needs the target"):
+        SelectorTree(drafter, "measured")
+    batch = prompts(2, seed=5)
+    plain = [blockdraft.generate(target, None, p, max_new_tokens=24, stop_token_ids=()).tokens for p in batch]
+    measured = [blockdraft.generate(target, drafter, p, max_new_tokens=24, stop_token_ids=(), tree_budget="measured")
+                for p in batch]
+    assert [r.tokens for r in measured] == plain
+    tree = as_tree(drafter, "measured", target)
+    rows = blockdraft.generate_batch(target, tree, batch, max_new_tokens=24, stop_token_ids=())
+    assert [r.tokens for r in rows] == plain
 
 
 def test_heads_over_a_selector_drafter_are_refused_by_name():

@@ -55,3 +55,13 @@ def batch_drafter(drafter: Drafter, rows: int) -> BatchDrafter:
     if rows > 1 and own is not None:
         return own(rows)
     return PerRowDrafters(row_drafters(drafter, rows))
+
+
+class TreeRows(PerRowDrafters):
+    """Per-row tree drafters; each round tells every row's drafter the round's row count R, so a measured
+    budget reads the cost of a pass over R rows, t_R(m), not the one-row curve."""
+
+    def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
+        for row in rows:
+            self.drafters[row].rows = len(rows)
+        return super().propose(rows, ids, budgets, sampling, generators)

@@ -38,7 +38,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..cost import TargetVerifyCost, VerifyCost, best_prefix, rows_curve
-from ..decode.rows import PerRowDrafters
+from ..decode.rows import TreeRows
 from ..decode.tree import TreeBuilder, best_first_tree
 from ..target import Target
 from .selector_tree import SelectorTree
@@ -53,15 +53,15 @@ def as_tree(drafter: Drafter, budget: int | str | None, target: Target, *,
             labels: Sequence[str] | None = None) -> Drafter:
     """`drafter` itself for budget None (chains); else a tree drafter over it: for a DFlash 2 drafter with a
     candidate selector and a budget of N nodes, DDTree over the selector's conditional scores
-    (`SelectorTree`); otherwise a `TreeDrafter` (DDTree over per-slot marginals; "measured" sizes each round's
-    tree by the verify cost, which the selector tree does not do yet, so it takes that path too)."""
+    (`SelectorTree`); otherwise a `TreeDrafter` (DDTree over per-slot marginals). Either way "measured" sizes
+    each round's tree by the verify cost (`blockdraft.cost`)."""
     check_budget(budget)
     if budget is None:
         return drafter
     if isinstance(drafter, (TreeDrafter, SelectorTree)):
         raise ConfigError("this drafter already builds trees with its own budget; pass tree_budget=None")
-    if isinstance(budget, int) and has_selector(drafter):
-        return SelectorTree(drafter, budget)
+    if has_selector(drafter):
+        return SelectorTree(drafter, budget, target=target, max_nodes=MEASURED_MAX_NODES)
     return TreeDrafter(drafter, budget, labels=labels, target=target)
 
 
@@ -211,16 +211,6 @@ class TreeDrafter:
         return (torch.tensor(order_tokens[:room], dtype=torch.long, device=device),
                 torch.tensor(order_parents[:room], dtype=torch.long, device=device),
                 torch.tensor(order_scores[:room], dtype=torch.float32, device=device))
-
-
-class TreeRows(PerRowDrafters):
-    """Per-row tree drafters; each round tells every row's drafter the round's row count R, so a measured
-    budget reads the cost of a pass over R rows, t_R(m), not the one-row curve."""
-
-    def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
-        for row in rows:
-            self.drafters[row].rows = len(rows)
-        return super().propose(rows, ids, budgets, sampling, generators)
 
 
 def _proposes(proposal: Proposal) -> bool:
