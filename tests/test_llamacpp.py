@@ -407,8 +407,13 @@ def test_server_arguments_per_mode():
         server_arguments(parse_llamacpp("dspark=D"), facts)
     with pytest.raises(EngineError, match="draft-dflash would ignore"):
         server_arguments(parse_llamacpp("dflash=D"), {**facts, "markov": True})
-    dspark = server_arguments(parse_llamacpp("dspark=D,conf_min=0.4"), {**facts, "markov": True})
+    dspark = server_arguments(parse_llamacpp("dspark=D,conf_min=0.4"), {**facts, "markov": True, "confidence": True})
     assert "draft-dspark" in dspark and dspark[-1] == "0.4"
+    with pytest.raises(EngineError, match="conf_min=0.4 prunes with a confidence head.*exports none"):
+        server_arguments(parse_llamacpp("dspark=D,conf_min=0.4"), {**facts, "markov": True, "confidence": False})
+    assert server_arguments(parse_llamacpp("dspark=D,conf_min=0"), {**facts, "markov": True})[-1] == "0"
+    assert server_arguments(parse_llamacpp("dspark=D,ngram=mod"), {**facts, "markov": True})[:2] == [
+        "--spec-type", "draft-dspark,ngram-mod"]
     combined = server_arguments(parse_llamacpp("dflash=D,ngram=mod"), facts)
     assert combined[:2] == ["--spec-type", "draft-dflash,ngram-mod"]
     assert server_arguments(parse_llamacpp("dflash=D,ngram=off"), facts)[:2] == ["--spec-type", "draft-dflash"]

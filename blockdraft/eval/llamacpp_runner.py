@@ -11,8 +11,11 @@ an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached 
   (cached by the drafter's content) and run as `--spec-type draft-dflash` (n_max defaults to B - 1);
   `drop_bias=on` is the explicit permission to drop q/k/v/o biases llama.cpp cannot run (its drafts change);
 - `llamacpp:dspark=DRAFTER[,conf_min=P,n_max=N]`: a drafter with a Markov head (and confidence head) as
-  `--spec-type draft-dspark`; `conf_min` is llama.cpp's `--spec-draft-p-min`, truncating the block at the
-  first slot whose predicted acceptance is below P.
+  `--spec-type draft-dspark`; `conf_min` is llama.cpp's `--spec-draft-p-min`, truncating the block before
+  the first slot whose confidence c_k is below P. Our `threshold=` does the same from the second slot on,
+  but always keeps the first: where c_1 < P llama.cpp drafts nothing that round (one plain decode step)
+  and we verify one proposal. A drafter without a confidence head (with Markov features) runs only
+  with conf_min=0.
 - `ngram=mod` on either draft mode combines it with ngram-mod (`--spec-type draft-dflash,ngram-mod`): the
   n-gram draft wins where it has one, the drafter drafts the other rounds (like our `hybrid:` fallback).
 
@@ -180,6 +183,11 @@ def server_arguments(spec: LlamaCppSpec, facts: dict | None) -> list[str]:
         assert facts is not None
         if spec.mode == "dspark" and not facts.get("markov") and facts.get("layout") != "dspark":
             raise EngineError(f"{spec.drafter} has no Markov head and the DFlash layout: run it as llamacpp:dflash=")
+        if spec.mode == "dspark" and float(spec.options.get("conf_min", "0")) > 0 and not facts.get("confidence"):
+            # llama.cpp refuses this at start-up with a bare runtime_error; say why and what to do
+            raise EngineError(f"conf_min={spec.options['conf_min']} prunes with a confidence head that reads "
+                              f"[h_k ; W1[x_prev]], and {spec.drafter} exports none: drop conf_min (or set it to 0), "
+                              "or train a confidence head with Markov features")
         if spec.mode == "dflash" and facts.get("markov"):
             raise EngineError(f"{spec.drafter} has a Markov head, which draft-dflash would ignore: run it as "
                               "llamacpp:dspark= (exact), so that its drafts are ours")
