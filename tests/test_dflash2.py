@@ -7,6 +7,7 @@ per-round acceptance (float32, greedy).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -384,7 +385,60 @@ def test_selector_top_k_is_checked_against_a_reduced_draft_vocabulary():
 
 # ------------------------------------------------------------------ export
 
-def test_export_writes_what_each_engine_reads_and_refuses_the_rest(tmp_path):
+# What vLLM's `DFlash2Qwen3ForCausalLM` and SGLang's `DFlash2DraftModel` read (docs/export.md names the
+# repository, path and commit each was read at). Both parse these four from `dflash_config` alone (SGLang
+# has no top-level fallback; vLLM indexes `dflash_config[...]`, so a missing one is a KeyError).
+ENGINE_DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def engine_dflash2_tensors(config) -> dict[str, tuple[int, ...]]:
+    """The DFlash 2 tensors both engines build, by the names they load (vLLM prefixes `model.`, SGLang
+    strips it), with the shapes they allocate: codebooks are parameters without `.weight`, one row per
+    token of the verifier's whole vocabulary."""
+    hidden, taps, rank = config.hidden_size, config.conv_kernel_size, config.selector_rank
+    conv = {"base_kernel": (2, taps, hidden),
+            "kernel_projection.weight": (2 * taps * hidden // config.conv_group_size, hidden)}
+    names = {f"layers.{i}.{part}.{name}": shape for i in range(config.num_hidden_layers)
+             for part in ("attention_conv", "mlp_conv") for name, shape in conv.items()}
+    return names | {"candidate_selector.hidden_projection.weight": (rank, hidden),
+                    "candidate_selector.predecessor_codebook": (config.vocab_size, rank),
+                    "candidate_selector.successor_codebook": (config.vocab_size, rank)}
+
+
+@pytest.mark.parametrize("consumer", ["vllm", "sglang"])
+def test_engine_exports_hold_the_dflash2_fields_and_tensors_the_engines_read(consumer, tmp_path):
+    target = tiny_target("gemma3")  # a scaled embedding: vLLM's DFlash 2 model applies the scale itself
+    drafter = init_drafter(target, num_layers=2, block_size=5, arch="dflash2", selector_rank=8, selector_top_k=4)
+    randomise_dflash2(drafter)
+    save_drafter(drafter.model, tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["dflash_config"]["final_logit_softcapping"] = 30.0  # as a Gemma 2-style target records it
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    notes = export_drafter(tmp_path / "d", tmp_path / consumer, consumer)  # no --target: nothing of it is read
+    config = json.loads((tmp_path / consumer / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["is_causal"] is False
+    dflash = config["dflash_config"]
+    assert {name: dflash[name] for name in ENGINE_DFLASH2_FIELDS} == {
+        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    assert not set(ENGINE_DFLASH2_FIELDS) & set(config)
+    # Both apply the multiplier and the cap to the candidates' logits, and vLLM's DFlash 2 model the scale.
+    assert dflash["final_logit_softcapping"] == 30.0 and not any("soft-cap" in note for note in notes)
+    assert dflash["input_embedding_scale"] == drafter.config.input_embedding_scale != 1.0
+    assert config["block_size"] == 5 and "draft_vocab_size" not in config
+    state = load_file(str(tmp_path / consumer / "model.safetensors"))
+    dflash2 = {name: tuple(tensor.shape) for name, tensor in state.items() if "_conv." in name or "selector" in name}
+    assert dflash2 == engine_dflash2_tensors(drafter.config)
+    assert not {"embed_tokens.weight", "lm_head.weight", "d2t"} & set(state)
+    assert torch.equal(state["candidate_selector.successor_codebook"],
+                       drafter.model.candidate_selector.successor_codebook)
+    block_note = [note for note in notes if "num_speculative_tokens" in note]
+    assert (block_note == ["vLLM's DFlash 2 convolution takes its block length from num_speculative_tokens + 1, not "
+                           "block_size: serve this drafter with num_speculative_tokens = 4"]) == (consumer == "vllm")
+
+
+def test_a_reduced_vocabulary_is_refused_for_every_engine_unless_asked_and_then_spread(tmp_path):
+    """No engine's DFlash 2 maps draft ids to target ids: both take candidates from the target's whole LM
+    head, so vLLM's DFlash d2t form does not carry over, with or without a selector."""
     target = tiny_target("qwen3")
     kept = torch.arange(0, 256, 2)  # a reduced draft vocabulary of 128 tokens
     drafter = init_drafter(target, num_layers=1, block_size=4, arch="dflash2", selector_rank=8, selector_top_k=4,
@@ -392,18 +446,30 @@ def test_export_writes_what_each_engine_reads_and_refuses_the_rest(tmp_path):
     randomise_dflash2(drafter)
     save_drafter(drafter.model, tmp_path / "d")
     assert load_file(str(tmp_path / "d" / "model.safetensors"))["candidate_selector.successor_codebook"].shape == (128, 8)
-    with pytest.raises(ConfigError, match="vLLM's DFlash 2 candidate selector reads codebooks over the verifier's whole"):
-        export_drafter(tmp_path / "d", tmp_path / "vllm", "vllm", target=target)
-    with pytest.raises(ConfigError, match="drafts over the target's whole vocabulary"):
-        export_drafter(tmp_path / "d", tmp_path / "sglang", "sglang")
-    notes = export_drafter(tmp_path / "d", tmp_path / "sglang", "sglang", full_vocab=True)
-    assert any("spread the selector's codebooks" in note for note in notes)
-    state = load_file(str(tmp_path / "sglang" / "model.safetensors"))
-    codebook = state["candidate_selector.predecessor_codebook"]  # (V, r): our rows at their target ids
-    assert codebook.shape == (256, 8) and torch.equal(codebook[kept], drafter.model.candidate_selector.predecessor_codebook)
-    assert codebook[1::2].abs().sum() == 0
-    assert json.loads((tmp_path / "sglang" / "config.json").read_text())["architectures"] == ["DFlash2DraftModel"]
-    # Without a selector every engine gets the top-1 selector its DFlash 2 loader builds.
+    plain = init_drafter(target, num_layers=1, block_size=4, arch="dflash2", selector_rank=None, draft_vocab=kept)
+    save_drafter(plain.model, tmp_path / "p")
+    for folder in ("d", "p"):
+        with pytest.raises(ConfigError, match="vLLM's DFlash 2 drafter takes its candidates from the target's whole "
+                                              "LM head and reads no draft-to-target map.*Pass --full-vocab"):
+            export_drafter(tmp_path / folder, tmp_path / "vllm", "vllm", target=target)
+        with pytest.raises(ConfigError, match="sglang drafts over the target's whole vocabulary.*Pass --full-vocab"):
+            export_drafter(tmp_path / folder, tmp_path / "sglang", "sglang")
+    assert not (tmp_path / "vllm").exists()
+    for consumer in ("vllm", "sglang"):
+        notes = export_drafter(tmp_path / "d", tmp_path / consumer, consumer, full_vocab=True)
+        assert any("spread the selector's codebooks" in note for note in notes)
+        state = load_file(str(tmp_path / consumer / "model.safetensors"))
+        codebook = state["candidate_selector.predecessor_codebook"]  # (V, r): our rows at their target ids
+        assert codebook.shape == (256, 8)
+        assert torch.equal(codebook[kept], drafter.model.candidate_selector.predecessor_codebook)
+        assert codebook[1::2].abs().sum() == 0
+        assert not {"lm_head.weight", "d2t"} & set(state)
+        assert "draft_vocab_size" not in json.loads((tmp_path / consumer / "config.json").read_text())
+
+
+def test_a_drafter_without_a_selector_gets_the_top1_selector_every_engine_needs(tmp_path):
+    """vLLM and SGLang fail without `selector_rank`, and vLLM leaves a tensor the folder lacks uninitialised."""
+    target = tiny_target("qwen3")
     plain = init_drafter(target, num_layers=1, block_size=4, arch="dflash2", selector_rank=None)
     save_drafter(plain.model, tmp_path / "p")
     for consumer in ("zlab", "vllm", "sglang"):
@@ -411,6 +477,12 @@ def test_export_writes_what_each_engine_reads_and_refuses_the_rest(tmp_path):
         assert any("top-1 selector" in note for note in notes)
         config = json.loads((tmp_path / consumer / "config.json").read_text())["dflash_config"]
         assert (config["selector_rank"], config["selector_top_k"]) == (1, 1)
+        state = load_file(str(tmp_path / consumer / "model.safetensors"))
+        dflash2 = {name: tuple(tensor.shape) for name, tensor in state.items()
+                   if "_conv." in name or "selector" in name}
+        with_selector = dataclasses.replace(plain.config, selector_rank=1, selector_top_k=1)
+        assert dflash2 == engine_dflash2_tensors(with_selector)
+        assert all(state[name].abs().sum() == 0 for name in dflash2 if name.startswith("candidate_selector."))
 
 
 # ------------------------------------------------------------------ training

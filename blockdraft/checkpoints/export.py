@@ -15,10 +15,18 @@ reads the backbone keys `layers.{i}...`, `fc.weight`, `hidden_norm.weight`, `nor
 - `sglang` (0.5.23, `DFlashDraftModel`): drafts greedily over the target's whole vocabulary, embedding
   with the target model's own embedding module (Gemma 3's scales by sqrt(H)); unknown tensors are ignored.
 
+DFlash 2 (`DFlash2DraftModel`, read from vLLM's `DFlash2Qwen3ForCausalLM` and SGLang's `DFlash2DraftModel`;
+sources in docs/export.md): both engines read the released tensor names and the `dflash_config` fields
+`conv_kernel_size`, `conv_group_size`, `selector_rank`, `selector_top_k` (and `output_multiplier`,
+`final_logit_softcapping`, which they apply to the candidates' logits as the reference does); both need
+the selector fields; both take each slot's candidates from the target's whole LM head, with codebooks over
+the whole vocabulary and no draft-to-target map, so a reduced vocabulary is exact for neither. vLLM's
+DFlash 2 model multiplies the target's raw table by `input_embedding_scale` itself.
+
 What is exact: the backbone, always. Heads (Markov, confidence, DeLS local, Domino) are this library's
 and are dropped with a note; the plain backbone is a drafter of its own. A reduced draft vocabulary
 (our `vocab_map.d2t`: draft id i scores target id d2t[i] with the target's own LM-head row, and the
-drafter's `q` is zero elsewhere) converts exactly for vLLM. zlab and SGLang score every target token,
+drafter's `q` is zero elsewhere) converts exactly for vLLM's DFlash. The rest score every target token,
 and the rows we leave out were never trained against, so their drafts would differ: refused unless
 `full_vocab=True`. A DSpark-layout drafter (its anchor slot predicts) has no exact form anywhere.
 """
@@ -46,7 +54,7 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
                    full_vocab: bool = False, overwrite: bool = False) -> list[str]:
     """Write the folder `consumer` reads from the drafter at `drafter_dir`; returns one note per thing
     dropped or converted. `target` is needed only when the export reads target weights (vLLM with a
-    reduced vocabulary or a scaled embedding) or the drafter predates recording its embedding scale.
+    DFlash drafter's reduced vocabulary or scaled embedding) or the drafter predates recording its scale.
     llama.cpp reads a GGUF file instead: `blockdraft.engines.llamacpp_export.export_drafter_gguf`."""
     if consumer == "llama.cpp":
         raise ConfigError("llama.cpp reads a GGUF file, written by blockdraft.engines.llamacpp_export."
@@ -74,7 +82,7 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
     if d2t is not None and torch.equal(d2t, torch.arange(config.vocab_size)):
         notes.append("dropped the draft vocabulary map: it kept every token in order")
         d2t = None
-    if d2t is not None and consumer == "vllm":
+    if d2t is not None and consumer == "vllm" and not config.is_dflash2:
         head = _need(target, "vLLM reads a reduced vocabulary's LM-head rows from the drafter folder")
         state["lm_head.weight"] = head.lm_head.weight.detach().cpu()[d2t].contiguous()  # (Vd, H), target dtype
         state["d2t"] = d2t - torch.arange(d2t.numel())  # vLLM: target id = i + d2t[i]
@@ -82,17 +90,16 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
         notes.append(f"converted the {d2t.numel()}-token draft vocabulary to vLLM's d2t offsets + lm_head rows")
     elif d2t is not None:
         if not full_vocab:
-            raise ConfigError(
-                f"{consumer} drafts over the target's whole vocabulary, but this drafter scores only "
-                f"{d2t.numel()} of its {config.vocab_size} tokens: its drafts there would differ from ours. Export "
-                f"--for vllm (exact), or pass --full-vocab to export the backbone for {consumer} anyway "
-                "(verification stays lossless; acceptance may change)")
+            raise ConfigError(_whole_vocabulary_refusal(consumer, config, d2t.numel()))
         notes.append(f"dropped the {d2t.numel()}-token draft vocabulary (--full-vocab): {consumer} drafts over all "
                      f"{config.vocab_size} tokens, so its drafts can differ from ours")
 
     if config.is_dflash2:
         config = _dflash2_parts(consumer, config, state, d2t, notes)
-    if consumer == "vllm" and scale != 1.0:
+    if consumer == "vllm" and config.is_dflash2:
+        notes.append(f"vLLM's DFlash 2 convolution takes its block length from num_speculative_tokens + 1, not "
+                     f"block_size: serve this drafter with num_speculative_tokens = {config.block_size - 1}")
+    if consumer == "vllm" and scale != 1.0 and not config.is_dflash2:  # vLLM's DFlash 2 model applies the scale
         embed = _need(target, "vLLM does not scale input embeddings, so the scaled table is shipped")
         with torch.no_grad():
             table = embed.embed_tokens(torch.arange(config.vocab_size, device=embed.device)[None])[0]
@@ -101,12 +108,13 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
         config = dataclasses.replace(config, input_embedding_scale=1.0)
         notes.append(f"shipped the target's embedding table times {scale:g} as embed_tokens.weight: vLLM's DFlash "
                      "layer does not apply input_embedding_scale")
+    if consumer == "vllm" and scale != 1.0:
         notes.append("vLLM (0.32-0.33) drafts only for targets that expose auxiliary hidden states (its EAGLE-3 "
                      "interface), which its Gemma 3 model does not yet: it refuses to serve this drafter there")
     if consumer == "sglang" and scale != 1.0:
         notes.append(f"SGLang embeds with the target model's own embedding module (scaled by {scale:g} for Gemma 3), "
                      "except under attention data parallelism, where it reads the raw table")
-    if softcap is not None and consumer in ("vllm", "sglang"):
+    if softcap is not None and consumer in ("vllm", "sglang") and not config.is_dflash2:
         notes.append(f"{consumer}'s DFlash drafter does not soft-cap logits ({softcap:g}): greedy drafts are unchanged"
                      + (", sampled drafts use uncapped q" if consumer == "vllm" else ""))
 
@@ -118,16 +126,30 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
     return notes
 
 
+def _whole_vocabulary_refusal(consumer: str, config: DFlashConfig, kept: int) -> str:
+    """Why a reduced-vocabulary drafter is refused for `consumer`, and what to do instead."""
+    if consumer == "vllm":  # reached only for DFlash 2: DFlash's d2t form is exact
+        reader = ("vLLM's DFlash 2 drafter takes its candidates from the target's whole LM head and reads no "
+                  "draft-to-target map (d2t)")
+    else:
+        reader = f"{consumer} drafts over the target's whole vocabulary"
+    instead = "Pass --full-vocab" if config.is_dflash2 else "Export --for vllm (exact), or pass --full-vocab"
+    return (f"{reader}, but this drafter scores only {kept} of its {config.vocab_size} tokens: its drafts there "
+            f"would differ from ours. {instead} to export the backbone for {consumer} anyway (verification stays "
+            "lossless; acceptance may change)")
+
+
 def _dflash2_parts(consumer: str, config: DFlashConfig, state: dict[str, torch.Tensor], d2t: torch.Tensor | None,
                    notes: list[str]) -> DFlashConfig:
     """DFlash 2's convolutions export as they are; its candidate selector as each engine can read it.
 
-    Every DFlash 2 loader builds the selector (the reference's `DFlash2DraftModel` always does): a drafter
+    Every DFlash 2 loader builds the selector (the reference's `DFlash2DraftModel` always does; vLLM and
+    SGLang fail without `selector_rank`, and vLLM leaves a tensor the folder lacks uninitialised): a drafter
     without one is written with a top-1 selector and zero codebooks, which drafts the backbone's argmax
     (what ours drafts greedily; at T > 0 the engine then drafts by argmax, still lossless). The engines'
     selectors read codebooks over the verifier's whole vocabulary: ours over a reduced draft vocabulary
-    are spread to those rows (zeros elsewhere) where the export drafts over every token (--full-vocab),
-    and refused for vLLM, whose reduced-vocabulary form (d2t) has no place for them."""
+    are spread to those rows (zeros elsewhere), reached only where the export drafts over every token
+    (--full-vocab)."""
     selector_keys = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
     if not config.has_selector:
         stored = state["fc.weight"].dtype
@@ -140,10 +162,6 @@ def _dflash2_parts(consumer: str, config: DFlashConfig, state: dict[str, torch.T
         return dataclasses.replace(config, selector_rank=1, selector_top_k=1)
     if d2t is None:
         return config
-    if consumer == "vllm":
-        raise ConfigError("vLLM's DFlash 2 candidate selector reads codebooks over the verifier's whole vocabulary, but "
-                          f"this drafter's selector covers a {d2t.numel()}-token draft vocabulary: export --for zlab or "
-                          "sglang with --full-vocab, or train a selector over the full vocabulary")
     for key in selector_keys:
         rows = state[key]
         state[key] = rows.new_zeros(config.vocab_size, rows.shape[1]).index_copy_(0, d2t, rows)  # (V, r)

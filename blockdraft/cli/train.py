@@ -221,10 +221,11 @@ def add_export(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     add_overwrite_flag(p)
     p.add_argument("--target", default=None,
-                   help="target model; needed for vLLM with a reduced vocabulary or a scaled embedding (Gemma), "
-                        "and for drafters that do not record their embedding scale")
+                   help="target model; needed for vLLM with a DFlash drafter's reduced vocabulary or scaled "
+                        "embedding (Gemma), and for drafters that do not record their embedding scale")
     p.add_argument("--full-vocab", action="store_true",
-                   help="zlab/sglang: export a reduced-vocabulary drafter anyway, drafting over every token")
+                   help="zlab/sglang (and vllm for DFlash 2): export a reduced-vocabulary drafter anyway, drafting "
+                        "over every token")
     p.add_argument("--drop-attention-bias", action="store_true",
                    help="llama.cpp: export a drafter with q/k/v/o biases anyway, without them (its drafts change)")
     p.add_argument("--outtype", default="f32", choices=("f32", "f16", "bf16"), help="llama.cpp: GGUF tensor type")
