@@ -213,8 +213,9 @@ class DFlashConfig:
                 raise ConfigError(f"dflash_config.{named[0]} belongs to DFlash 2 (architectures "
                                   f"[\"{DFLASH2_ARCHITECTURE}\"]), which also needs conv_kernel_size")
             return
-        if self.conv_kernel_size < 1:
-            raise ConfigError(f"dflash_config.conv_kernel_size must be >= 1, got {self.conv_kernel_size}")
+        # taps reach back over the block's own slots; both sizes bounded before a corrupt config allocates them
+        check_ranges(self, {"conv_kernel_size": f"[1, {MAX_BLOCK_SIZE}]", "selector_rank": f"[1, {MAX_WIDTH}]"},
+                     prefix="dflash_config.")
         if self.conv_group_size is None or self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
             raise ConfigError(f"dflash_config.conv_group_size {self.conv_group_size} must divide hidden_size "
                               f"{self.hidden_size} (one dynamic tap per group of channels); DFlash 2 uses 16")
@@ -223,8 +224,6 @@ class DFlashConfig:
                               "selector), or neither (no selector)")
         if self.selector_rank is not None:
             vocab = self.draft_vocab_size or self.vocab_size
-            if self.selector_rank < 1:
-                raise ConfigError(f"dflash_config.selector_rank must be >= 1, got {self.selector_rank}")
             if not 1 <= self.selector_top_k <= vocab:
                 raise ConfigError(f"dflash_config.selector_top_k {self.selector_top_k} must be in [1, {vocab}], "
                                   f"the {'draft ' if self.draft_vocab_size else ''}vocabulary it picks from")

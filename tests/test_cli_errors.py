@@ -511,6 +511,32 @@ CASES += [
       "fp32", "--out", "{sandbox}/b"], ["not a regular file"]),
     ("train-config-fifo", fifo("recipe.json"), ["train", "--config", "{sandbox}/recipe.json"], ["not a regular file"]),
 ]
+
+def dflash2_config(**fields):
+    """A fresh DFlash 2 drafter in the sandbox whose dflash_config is edited (its weights left as written)."""
+    def setup(base, sandbox):
+        folder = sandbox / "bad-drafter"
+        assert main(["init-drafter", "--target", str(base / "target"), "--block-size", "4", "--dtype", "fp32",
+                     "--arch", "dflash2", "--out", str(folder)]) == 0
+        config = json.loads((folder / "config.json").read_text())
+        config["dflash_config"].update(fields)
+        (folder / "config.json").write_text(json.dumps(config))
+        return {}
+    return setup
+
+
+INIT2 = INIT + ["--arch", "dflash2", "--out", "{sandbox}/d"]
+CASES += [
+    # found by the probe of DFlash 2, method strings, llama.cpp export and engines (2026-11-27)
+    # (c) DFlash 2 sizes trusted before any check: a 256 GB / 128 GB allocation
+    ("gen-dflash2-conv-kernel-huge", dflash2_config(conv_kernel_size=10 ** 9),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["conv_kernel_size"]),
+    ("gen-dflash2-selector-rank-huge", dflash2_config(selector_rank=10 ** 9),
+     GEN + ["--drafter", "{sandbox}/bad-drafter"], ["selector_rank"]),
+    ("init-dflash2-conv-kernel-huge", no_setup, INIT2 + ["--conv-kernel-size", "100000000"], ["conv_kernel_size"]),
+    ("init-dflash2-selector-rank-huge", no_setup, INIT2 + ["--selector-rank", "100000000"], ["selector_rank"]),
+]
+
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable
     CASES += [("bench-out-proc", no_setup, BENCH + ["--method", "ar", "--out", "/proc/blockdraft-test"],
                ["does not take new files"]),
