@@ -535,6 +535,11 @@ CASES += [
      GEN + ["--drafter", "{sandbox}/bad-drafter"], ["selector_rank"]),
     ("init-dflash2-conv-kernel-huge", no_setup, INIT2 + ["--conv-kernel-size", "100000000"], ["conv_kernel_size"]),
     ("init-dflash2-selector-rank-huge", no_setup, INIT2 + ["--selector-rank", "100000000"], ["selector_rank"]),
+    # (b) DFlash 2 flags silently ignored: on a DFlash 1 drafter, and --selector-top-k without a selector
+    ("init-dflash1-with-dflash2-flags", no_setup, INIT + ["--conv-kernel-size", "3", "--out", "{sandbox}/d"],
+     ["--conv-kernel-size", "--arch dflash2"]),
+    ("init-dflash2-top-k-without-selector", no_setup, INIT2 + ["--selector-rank", "0", "--selector-top-k", "7"],
+     ["--selector-top-k"]),
 ]
 
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable

@@ -31,14 +31,32 @@ from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
 from .common import add_overwrite_flag, deadline, input_folder, parse_layer_ids, set_threads
 
 
+DFLASH2_FLAGS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}  # defaults
+
+
+def _dflash2_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """init-drafter's DFlash 2 flags, defaults filled in; a flag that would be ignored is an error."""
+    given = ["--" + name.replace("_", "-") for name in DFLASH2_FLAGS if getattr(args, name) is not None]
+    if args.arch != "dflash2" and given:
+        raise ConfigError(f"{', '.join(given)} shape a DFlash 2 drafter and --arch is {args.arch}: add --arch dflash2, "
+                          "or drop them")
+    if args.selector_rank == 0 and args.selector_top_k is not None:
+        raise ConfigError("--selector-rank 0 builds no candidate selector, so --selector-top-k (its candidates per "
+                          "slot) would be ignored: drop one of them")
+    shape = {name: default if getattr(args, name) is None else getattr(args, name)
+             for name, default in DFLASH2_FLAGS.items()}
+    shape["selector_rank"] = shape["selector_rank"] or None  # 0 = no selector
+    return shape
+
+
 def cmd_init_drafter(args: argparse.Namespace) -> int:
     layer_ids = parse_layer_ids(args.target_layer_ids)
+    shape = _dflash2_shape(args)
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
     target = load_target(args.target, dtype="fp32")
     drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
                            mask_token_id=args.mask_token_id, intermediate_size=args.intermediate_size, seed=args.seed,
-                           arch=args.arch, conv_kernel_size=args.conv_kernel_size, conv_group_size=args.conv_group_size,
-                           selector_rank=args.selector_rank or None, selector_top_k=args.selector_top_k)
+                           arch=args.arch, **shape)
     save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out,
                  overwrite=args.overwrite)
     cfg = drafter.config
@@ -179,11 +197,12 @@ def add_init_drafter(sub) -> None:
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--arch", default="dflash", choices=["dflash", "dflash2"],
                    help="dflash2: DFlash 2 (block convolutions around every sublayer + the candidate selector)")
-    p.add_argument("--conv-kernel-size", type=int, default=2, help="dflash2: convolution taps per block slot")
-    p.add_argument("--conv-group-size", type=int, default=16,
-                   help="dflash2: channels sharing one dynamic tap (must divide the hidden size)")
-    p.add_argument("--selector-rank", type=int, default=256, help="dflash2: the selector's codebook rank; 0 = no selector")
-    p.add_argument("--selector-top-k", type=int, default=16, help="dflash2: candidates per slot the selector walks")
+    p.add_argument("--conv-kernel-size", type=int, default=None, help="dflash2: convolution taps per block slot (2)")
+    p.add_argument("--conv-group-size", type=int, default=None,
+                   help="dflash2: channels sharing one dynamic tap (16; must divide the hidden size)")
+    p.add_argument("--selector-rank", type=int, default=None,
+                   help="dflash2: the selector's codebook rank (256); 0 = no selector")
+    p.add_argument("--selector-top-k", type=int, default=None, help="dflash2: candidates per slot the selector walks (16)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="drafter folder to write (new, empty, or an earlier drafter)")
