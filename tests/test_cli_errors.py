@@ -540,6 +540,9 @@ CASES += [
      ["--conv-kernel-size", "--arch dflash2"]),
     ("init-dflash2-top-k-without-selector", no_setup, INIT2 + ["--selector-rank", "0", "--selector-top-k", "7"],
      ["--selector-top-k"]),
+    # (c) engines as-llama on a file that is no GGUF: the reader's ValueError
+    ("engines-as-llama-not-gguf", sandbox_file("q.gguf", "not a gguf\n" * 8),
+     ["engines", "as-llama", "{sandbox}/q.gguf", "--out", "{sandbox}/o.gguf"], ["q.gguf", "not a readable GGUF"]),
 ]
 
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable

@@ -133,6 +133,23 @@ def test_other_architectures_and_same_file_are_refused(tmp_path):
         qwen2_gguf_as_llama(source, source)
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: b"not a gguf at all\n" * 8, "not a readable GGUF"),
+    (lambda data: b"", "not a readable GGUF"),
+    (lambda data: data[:100], "not a readable GGUF"),  # a cut header
+    (lambda data: data[: len(data) * 2 // 3], "not a readable GGUF"),  # cut tensor data
+    (lambda data: data.replace(b"qwen2.attention.head_count_kv", b"qwen2.attention.head_count_xx"), "head_count_kv"),
+])
+def test_unreadable_or_incomplete_files_are_named_errors(tmp_path, damage, message):
+    """A file that is not a GGUF, a cut one, or one without its head counts: named, never a raw reader error."""
+    source = tmp_path / "m.gguf"
+    write_qwen2_gguf(source)
+    source.write_bytes(damage(source.read_bytes()))
+    with pytest.raises(EngineError, match=message):
+        qwen2_gguf_as_llama(source, tmp_path / "out.gguf")
+    assert not (tmp_path / "out.gguf").exists()
+
+
 def test_cli_as_llama_writes_and_keeps_existing_files(tmp_path, capsys):
     source = tmp_path / "qwen.gguf"
     write_qwen2_gguf(source)

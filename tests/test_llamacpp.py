@@ -499,6 +499,12 @@ def test_a_missing_build_or_gguf_is_recorded(tmp_path, monkeypatch, fake_build):
     assert "engines build llama.cpp" in runner.failed
 
 
+def test_a_corrupt_target_gguf_is_recorded_by_name(fake_build):
+    """A draft reads the file's architecture first: a file that is no GGUF is named, not a raw reader error."""
+    runner = build_llamacpp_runner("m", f"dflash=D,gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=None)
+    assert "not a readable GGUF" in runner.failed and str(fake_build) in runner.failed
+
+
 def test_a_server_crash_mid_bench_ends_that_method_only(fake_build, tmp_path):
     runner = build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=tmp_path)
     runner.server.process.kill()

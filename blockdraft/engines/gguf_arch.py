@@ -29,6 +29,17 @@ SOURCE_ARCH, TARGET_ARCH = "qwen2", "llama"
 PERMUTED = {"attn_q": "head_count", "attn_k": "head_count_kv"}  # tensor -> the head count its rows split into
 
 
+def open_gguf(path: str | Path):
+    """`gguf.GGUFReader` over `path`, or an EngineError naming the file when it is not a readable GGUF."""
+    import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError) as err:  # bad magic or version, a cut header or tensor data
+        raise EngineError(f"{path} is not a readable GGUF file ({type(err).__name__}: {err}): it is truncated, corrupt "
+                          "or another kind of file; re-download or re-convert it") from None
+
+
 def interleave_rope_rows(rows: np.ndarray, n_heads: int) -> np.ndarray:
     """Reorder axis 0 (output features) from rotate-half to adjacent-pair order within each head."""
     if rows.shape[0] % (2 * n_heads):
@@ -46,13 +57,19 @@ def qwen2_gguf_as_llama(source: str | Path, out_file: str | Path, *,
     source, out_file = Path(source), Path(out_file)
     if out_file.resolve() == source.resolve():
         raise ConfigError(f"the llama-architecture copy of {source} must be another file")
-    reader = gguf.GGUFReader(str(source))
+    reader = open_gguf(source)
     arch_field = reader.fields.get(gguf.Keys.General.ARCHITECTURE)
     arch = str(arch_field.contents()) if arch_field is not None else ""
     if arch != SOURCE_ARCH:
         raise EngineError(f"{source} is a {arch!r} GGUF; only {SOURCE_ARCH!r} targets are rewritten as "
                           f"{TARGET_ARCH!r} (a Qwen2 decoder is a Llama decoder with q/k/v biases)")
-    heads = {key: int(reader.fields[f"{SOURCE_ARCH}.attention.{key}"].contents()) for key in set(PERMUTED.values())}
+    heads = {}
+    for key in set(PERMUTED.values()):
+        field = reader.fields.get(f"{SOURCE_ARCH}.attention.{key}")
+        heads[key] = int(field.contents()) if field is not None else 0
+        if heads[key] < 1:
+            raise EngineError(f"{source} has no valid {SOURCE_ARCH}.attention.{key} (got "
+                              f"{'none' if field is None else heads[key]}): the file is incomplete; re-convert it")
 
     def write(partial: Path) -> None:
         writer = gguf.GGUFWriter(str(partial), TARGET_ARCH, endianess=reader.endianess)

@@ -41,6 +41,7 @@ from ..assets import home, resolve_model
 from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
 from ..config import ConfigError
 from ..shipped import resolve_drafter
+from .gguf_arch import open_gguf
 from .llamacpp import EngineError, engine_root, release_dir, tree_dir
 
 OUTTYPES = ("f32", "f16", "bf16")
@@ -262,9 +263,7 @@ def dflash_target_archs(tree: Path | None = None) -> set[str]:
 
 
 def gguf_architecture(path: str | Path) -> str:
-    import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
-
-    field = gguf.GGUFReader(str(path)).fields.get("general.architecture")
+    field = open_gguf(path).fields.get("general.architecture")
     return str(field.contents()) if field is not None else ""
 
 
@@ -282,9 +281,7 @@ def check_dflash_target(target_gguf: str | Path, tree: Path | None = None) -> No
 
 def read_gguf_summary(path: str | Path) -> dict:
     """Architecture, the DFlash metadata and the tensor names of a GGUF (gguf.GGUFReader)."""
-    import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
-
-    reader = gguf.GGUFReader(str(path))
+    reader = open_gguf(path)
     fields = {}
     for key, field in reader.fields.items():
         if key.startswith(("dflash.", "general.architecture")) or key == "tokenizer.ggml.mask_token_id":
