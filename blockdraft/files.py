@@ -133,10 +133,12 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
 
 
 def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str, flag: str = "--out",
-                   protect: Iterable[str | Path | None] = ()) -> Path:
-    """For a command that appends to one file (`regen`): refuse a folder, a path under a file, one of the
-    `protect`ed inputs or a path inside a protected folder (the target's), and an existing non-empty
-    file that `owned` does not recognise as an earlier output of the command (`what` names that kind)."""
+                   protect: Iterable[str | Path | None] = (),
+                   hint: str = " (an existing one is resumed only when it holds that command's own rows)") -> Path:
+    """For a command that appends to one file (`regen`) or writes one (`engines as-llama`, `export --for
+    llama.cpp`): refuse a folder, a path under a file, one of the `protect`ed inputs or a path inside a
+    protected folder (the target's), and an existing non-empty file that `owned` does not recognise as an
+    earlier output of the command (`what` names that kind; `hint` follows the refusal)."""
     path = Path(out).expanduser()
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file path such as {path / 'out.jsonl'}")
@@ -154,8 +156,7 @@ def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str,
     if path.exists() and not path.is_file():
         raise ConfigError(f"{flag} {path} is not a regular file (a device, pipe or socket); give a file path")
     if path.is_file() and path.stat().st_size and not owned(path):
-        raise ConfigError(f"{flag} {path} exists and is not {what}; it is left as it is: give a new file "
-                          "(an existing one is resumed only when it holds that command's own rows)")
+        raise ConfigError(f"{flag} {path} exists and is not {what}; it is left as it is: give a new file{hint}")
     return path
 
 

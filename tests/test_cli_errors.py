@@ -526,6 +526,7 @@ def dflash2_config(**fields):
 
 
 INIT2 = INIT + ["--arch", "dflash2", "--out", "{sandbox}/d"]
+LLAMACPP_EXPORT = ["export", "{base}/drafter", "--for", "llama.cpp", "--target", "{target}", "--out"]
 CASES += [
     # found by the probe of DFlash 2, method strings, llama.cpp export and engines (2026-11-27)
     # (c) DFlash 2 sizes trusted before any check: a 256 GB / 128 GB allocation
@@ -543,6 +544,13 @@ CASES += [
     # (c) engines as-llama on a file that is no GGUF: the reader's ValueError
     ("engines-as-llama-not-gguf", sandbox_file("q.gguf", "not a gguf\n" * 8),
      ["engines", "as-llama", "{sandbox}/q.gguf", "--out", "{sandbox}/o.gguf"], ["q.gguf", "not a readable GGUF"]),
+    # (d) + (b) + (c) export --for llama.cpp: someone's DRAFT.gguf.json replaced, files written into the drafter
+    # or the target folder, a path under a file (checked before the converter is looked for: no build needed)
+    ("export-llamacpp-sidecar-exists", sandbox_file("x.gguf.json", "my own notes"),
+     LLAMACPP_EXPORT + ["{sandbox}/x.gguf"], ["x.gguf.json", "--overwrite"]),
+    ("export-llamacpp-out-in-drafter", no_setup, LLAMACPP_EXPORT + ["{base}/drafter/x.gguf"], ["reads from"]),
+    ("export-llamacpp-out-in-target", no_setup, LLAMACPP_EXPORT + ["{target}/x.gguf"], ["reads from"]),
+    ("export-llamacpp-out-under-file", out_dir_file, LLAMACPP_EXPORT + ["{sandbox}/notes.txt/x.gguf"], ["is a file"]),
 ]
 
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable

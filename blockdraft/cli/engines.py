@@ -47,7 +47,7 @@ def cmd_engines_as_llama(args: argparse.Namespace) -> int:
     if not source.is_file():
         raise ConfigError(f"{source} is not a file: give a qwen2 GGUF (e.g. $BLOCKDRAFT_HOME/gguf/NAME.gguf)")
     out = check_out_file(args.out, owned=lambda path: args.overwrite, what="a file to overwrite (pass --overwrite)",
-                         protect=[source])
+                         protect=[source], hint="")
     if out.suffix != ".gguf":
         raise ConfigError(f"--out is a .gguf file, got {out}")
     qwen2_gguf_as_llama(source, out, log=print)

@@ -40,6 +40,7 @@ from safetensors.torch import save_file
 from ..assets import home, resolve_model
 from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
 from ..config import ConfigError
+from ..files import check_out_file
 from ..shipped import resolve_drafter
 from .gguf_arch import open_gguf
 from .llamacpp import EngineError, engine_root, release_dir, tree_dir
@@ -217,14 +218,17 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
 
     The facts (`spec_type`, `max_drafts`, ...) are also written beside the file as DRAFT.gguf.json, which the
     bench reads to start llama-server with the right `--spec-type`."""
-    out_file = Path(out_file)
+    out_file = Path(out_file).expanduser()
     if out_file.suffix != ".gguf":
         raise ConfigError(f"--out for llama.cpp is a .gguf file, got {out_file}")
-    if out_file.exists() and not overwrite:
-        raise ConfigError(f"{out_file} exists; pass --overwrite to replace it")
     if out_file.is_dir():
         raise ConfigError(f"--out {out_file} is a folder; name a .gguf file")
     target_dir = _resolve_target_dir(target)
+    # the file and its .gguf.json: never inside the drafter or the target, never someone else's file
+    for path in (out_file, out_file.with_name(out_file.name + ".json")):
+        check_out_file(path, owned=lambda path: overwrite, what="a file to replace (pass --overwrite)", hint="",
+                       protect=[resolve_drafter(drafter_dir), target_dir])
+    find_converter()  # before any folder is made
     model_type = json.loads((target_dir / "config.json").read_text()).get("model_type", "")
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="blockdraft-llamacpp-", dir=out_file.parent) as work:
