@@ -551,6 +551,12 @@ CASES += [
     ("export-llamacpp-out-in-drafter", no_setup, LLAMACPP_EXPORT + ["{base}/drafter/x.gguf"], ["reads from"]),
     ("export-llamacpp-out-in-target", no_setup, LLAMACPP_EXPORT + ["{target}/x.gguf"], ["reads from"]),
     ("export-llamacpp-out-under-file", out_dir_file, LLAMACPP_EXPORT + ["{sandbox}/notes.txt/x.gguf"], ["is a file"]),
+    # (b) a flag of one consumer silently ignored by another
+    ("export-llamacpp-full-vocab", no_setup, LLAMACPP_EXPORT + ["{sandbox}/x.gguf", "--full-vocab"], ["--full-vocab"]),
+    ("export-zlab-outtype", no_setup, ["export", "{base}/drafter", "--for", "zlab", "--outtype", "f16", "--out",
+                                       "{sandbox}/e"], ["--outtype"]),
+    ("export-vllm-drop-attention-bias", no_setup, ["export", "{base}/drafter", "--for", "vllm", "--drop-attention-bias",
+                                                   "--out", "{sandbox}/e"], ["--drop-attention-bias"]),
 ]
 
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable

@@ -87,11 +87,20 @@ def cmd_import_dspark(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    # a flag for another consumer would be ignored: refuse it
+    if args.consumer == "llama.cpp" and args.full_vocab:
+        raise ConfigError("--full-vocab is for the zlab, vllm and sglang folders; llama.cpp keeps a reduced draft "
+                          "vocabulary exactly (its d2t): drop --full-vocab")
+    elsewhere = [flag for flag, given in (("--outtype", args.outtype is not None),
+                                          ("--drop-attention-bias", args.drop_attention_bias)) if given]
+    if args.consumer != "llama.cpp" and elsewhere:
+        raise ConfigError(f"{', '.join(elsewhere)} shape the GGUF file of --for llama.cpp; the {args.consumer} folder "
+                          "keeps the drafter's own tensors: drop them")
     args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
     if args.consumer == "llama.cpp":  # a GGUF file written by llama.cpp's converter (engines/llamacpp_export.py)
         if not args.target:
             raise ConfigError("--for llama.cpp needs --target (the converter reads the target's tokenizer)")
-        notes, facts = export_drafter_gguf(args.drafter, args.target, args.out, outtype=args.outtype,
+        notes, facts = export_drafter_gguf(args.drafter, args.target, args.out, outtype=args.outtype or "f32",
                                            drop_attention_bias=args.drop_attention_bias, overwrite=args.overwrite)
         for note in notes:
             print(f"note: {note}")
@@ -247,7 +256,7 @@ def add_export(sub) -> None:
                         "over every token")
     p.add_argument("--drop-attention-bias", action="store_true",
                    help="llama.cpp: export a drafter with q/k/v/o biases anyway, without them (its drafts change)")
-    p.add_argument("--outtype", default="f32", choices=("f32", "f16", "bf16"), help="llama.cpp: GGUF tensor type")
+    p.add_argument("--outtype", default=None, choices=("f32", "f16", "bf16"), help="llama.cpp: GGUF tensor type (f32)")
     p.set_defaults(func=cmd_export)
 
 
