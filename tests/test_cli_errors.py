@@ -557,6 +557,11 @@ CASES += [
                                        "{sandbox}/e"], ["--outtype"]),
     ("export-vllm-drop-attention-bias", no_setup, ["export", "{base}/drafter", "--for", "vllm", "--drop-attention-bias",
                                                    "--out", "{sandbox}/e"], ["--drop-attention-bias"]),
+    # (b) llama.cpp n-gram counts it would reinterpret (n_min above n_max) or refuse at start-up (above 1024)
+    ("bench-llamacpp-ngram-min-above-max", no_setup,
+     BENCH + ["--method", "llamacpp:ngram-mod,n_min=5,n_max=2", "--out", "{sandbox}/b"], ["n_min=5", "n_max=2"]),
+    ("bench-llamacpp-ngram-max-above-limit", no_setup,
+     BENCH + ["--method", "llamacpp:ngram-mod,n_max=5000", "--out", "{sandbox}/b"], ["n_max", "1024"]),
 ]
 
 if os.path.isdir("/proc") and os.access("/proc", os.W_OK):  # as root: a pseudo file system os.access calls writable

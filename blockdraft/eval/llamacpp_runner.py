@@ -54,6 +54,7 @@ from ..shipped import resolve_drafter
 from .measurement import Measurement
 
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
+NGRAM_MOD_MAX = 1024  # llama.cpp 11434's bound on --spec-ngram-mod-n-match/-n-min/-n-max
 MODES = ("plain", "ngram-mod", "dflash", "dspark")
 OPTIONS = {
     "plain": {"gguf", "arch"},
@@ -114,6 +115,14 @@ def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
     if mode in ("plain", "ngram-mod") and drafter:
         raise ConfigError(f"llamacpp:{mode} takes no drafter, got {head!r}")
     _, options = parse_options(f"llamacpp:{mode}", text, sorted(OPTIONS[mode]), OPTION_TABLE)
+    counts = {key: int(options[key]) for key in ("n_match", "n_min", "n_max") if key in options}
+    for key, value in counts.items():
+        if mode == "ngram-mod" and value > NGRAM_MOD_MAX:  # llama-server refuses these at start-up
+            raise ConfigError(f"llamacpp:ngram-mod option {key} takes at most {NGRAM_MOD_MAX} (llama.cpp's limit), "
+                              f"got {value}")
+    if counts.get("n_min", 0) > counts.get("n_max", NGRAM_MOD_MAX):
+        raise ConfigError(f"llamacpp:ngram-mod option n_min={counts['n_min']} exceeds n_max={counts['n_max']}: "
+                          "llama.cpp drafts at most n_max tokens and drops a draft shorter than n_min; give n_min <= n_max")
     return LlamaCppSpec(mode, drafter.strip() or None, options)
 
 
