@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 import tarfile
 import textwrap
@@ -50,6 +52,19 @@ def test_no_build_names_the_command(home):
         find_llamacpp()
     state = llamacpp.status()
     assert not state["verified"] and not state["sdist"] and not any(state["binaries"].values())
+
+
+def test_a_damaged_marker_or_missing_binary_is_not_reported_as_verified(home):
+    """status says what find_llamacpp finds: a marker without the binaries is not a build; a marker that is
+    not a JSON object reads as empty (the bench records its package from it)."""
+    release = llamacpp.release_dir()
+    release.mkdir(parents=True)
+    (release / llamacpp.MARKER).write_text("{garbage")
+    assert not llamacpp.status()["verified"]
+    for name in llamacpp.BINARIES:
+        _executable(llamacpp.build_dir(release) / "bin" / name, FAKE_VERSION)
+    (release / llamacpp.MARKER).write_text("[1, 2]")
+    assert llamacpp.status()["verified"] and find_llamacpp().marker() == {}
 
 
 def test_missing_tools_are_named_with_their_fix(home, monkeypatch):
@@ -197,6 +212,51 @@ def test_server_lifecycle_with_a_fake_binary(fake_server, tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the process is gone, not just detached
     assert log.read_text().startswith("$ ")
+
+
+OWNER = """
+import sys, time
+from pathlib import Path
+from blockdraft.engines.llamacpp_server import LlamaServer
+server = LlamaServer(Path(sys.argv[1]), Path(sys.argv[2]), startup_timeout_s=30).start()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_server_does_not_outlive_the_process_that_started_it(fake_server, how):
+    """A bench stopped by `kill` or `kill -9` runs none of its cleanup; its servers must end anyway."""
+    binary, model = fake_server
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(binary), str(model)], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(owner.stdout.readline())
+        os.kill(pid, 0)  # the server runs
+        owner.send_signal(how)
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            if _is_zombie(pid):
+                break  # ended; waiting for its new parent to reap it
+            time.sleep(0.1)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+            pytest.fail(f"the server (pid {pid}) outlived its owner killed by {how.name}")
+    finally:
+        owner.kill()
+        owner.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return False
 
 
 def test_server_that_dies_at_start_is_a_named_error_with_its_log(fake_server, tmp_path):

@@ -1,5 +1,6 @@
 """One `llama-server` process: started on a free port, health-checked, asked for greedy completions of
-token ids, stopped on exit, on Ctrl-C and when the process that owns it dies of a signal it can catch.
+token ids, stopped on exit and on Ctrl-C; on Linux it is also sent SIGTERM when the process that started
+it dies any other way (SIGTERM, SIGKILL, a crash: `PR_SET_PDEATHSIG`), so no server outlives its bench.
 
 Decode speed and draft acceptance come from the server's own per-request `timings`:
 `predicted_n` tokens generated, `predicted_ms` from the first generated token to the last (the first
@@ -13,11 +14,13 @@ unless the budget cut the last round short).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +32,7 @@ from ..files import why_not_a_file
 from .llamacpp import EngineError
 
 STARTUP_TIMEOUT_S = 300.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 REQUEST_TIMEOUT_S = 1800.0
 
 _live: set["LlamaServer"] = set()
@@ -40,6 +44,17 @@ def _stop_all() -> None:
 
 
 atexit.register(_stop_all)
+
+
+def _die_with_parent() -> None:
+    """Run in the child between fork and exec: Linux sends it SIGTERM when the thread that started it
+    exits, whatever ends that thread (a kill -9 of the bench included). Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -138,9 +153,11 @@ class LlamaServer:
             self._log = open(self.log_path, "ab")
             self._log.write(("$ " + " ".join(self.command()) + "\n").encode())
             self._log.flush()
-        # its own process group, so stop() ends it with its children and a Ctrl-C in our terminal reaches us first
+        # its own process group, so stop() ends it with its children and a Ctrl-C in our terminal reaches us
+        # first; and it dies with us when we die without running stop()
         self.process = subprocess.Popen(self.command(), stdout=self._log or subprocess.DEVNULL,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
         _live.add(self)
         try:
             self._wait_healthy()
