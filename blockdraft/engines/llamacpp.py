@@ -105,10 +105,12 @@ class LlamaCppBuild:
         return self.tree / "convert_hf_to_gguf.py"
 
     def marker(self) -> dict:
+        """The build's marker; {} when it is missing or not a JSON object (damaged: the record says nothing)."""
         try:
-            return json.loads((self.release / MARKER).read_text())
+            marker = json.loads((self.release / MARKER).read_text())
         except (OSError, ValueError):
             return {}
+        return marker if isinstance(marker, dict) else {}
 
 
 def _release_candidates() -> list[Path]:
@@ -138,7 +140,7 @@ def status() -> dict:
         "extracted": (tree_dir(release) / "CMakeLists.txt").is_file(),
         "configured": (build_dir(release) / "CMakeCache.txt").is_file(),
         "binaries": {name: build.binary(name).is_file() for name in BINARIES},
-        "verified": (release / MARKER).is_file(),
+        "verified": (release / MARKER).is_file() and all(build.binary(name).is_file() for name in BINARIES),  # as found
         "marker": build.marker(),
     }
 
