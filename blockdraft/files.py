@@ -141,7 +141,7 @@ def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str,
     earlier output of the command (`what` names that kind; `hint` follows the refusal)."""
     path = Path(out).expanduser()
     if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file path such as {path / 'out.jsonl'}")
+        raise ConfigError(f"{flag} {path} is a folder; give a file path such as {path / ('out' + (path.suffix or '.jsonl'))}")
     for parent in path.absolute().parents:
         if parent.exists() and not parent.is_dir():
             raise ConfigError(f"{flag} {path} lies under {parent}, which is a file; give a path inside a folder")

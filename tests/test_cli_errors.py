@@ -544,6 +544,9 @@ CASES += [
     # (c) engines as-llama on a file that is no GGUF: the reader's ValueError
     ("engines-as-llama-not-gguf", sandbox_file("q.gguf", "not a gguf\n" * 8),
      ["engines", "as-llama", "{sandbox}/q.gguf", "--out", "{sandbox}/o.gguf"], ["q.gguf", "not a readable GGUF"]),
+    # (b) a folder --out was told to name a .jsonl file (regen's words)
+    ("engines-as-llama-out-folder", sandbox_folder("o.gguf"),
+     ["engines", "as-llama", "{base}/he.jsonl", "--out", "{sandbox}/o.gguf"], ["is a folder", "o.gguf/out.gguf"]),
     # (d) + (b) + (c) export --for llama.cpp: someone's DRAFT.gguf.json replaced, files written into the drafter
     # or the target folder, a path under a file (checked before the converter is looked for: no build needed)
     ("export-llamacpp-sidecar-exists", sandbox_file("x.gguf.json", "my own notes"),
