@@ -525,6 +525,14 @@ def dflash2_config(**fields):
     return setup
 
 
+def report_among_others(base, sandbox):
+    """A bench results.json, and a folder of the user's holding their own report.md."""
+    (sandbox / "results.json").write_bytes(_results([]))
+    _victim(sandbox)
+    (sandbox / "victim" / "report.md").write_text("my own report")
+    return {}
+
+
 INIT2 = INIT + ["--arch", "dflash2", "--out", "{sandbox}/d"]
 LLAMACPP_EXPORT = ["export", "{base}/drafter", "--for", "llama.cpp", "--target", "{target}", "--out"]
 CASES += [
@@ -560,6 +568,9 @@ CASES += [
                                        "{sandbox}/e"], ["--outtype"]),
     ("export-vllm-drop-attention-bias", no_setup, ["export", "{base}/drafter", "--for", "vllm", "--drop-attention-bias",
                                                    "--out", "{sandbox}/e"], ["--drop-attention-bias"]),
+    # (d) report --out into a folder of other files replaced its report.md
+    ("report-out-folder-of-others", report_among_others,
+     ["report", "{sandbox}/results.json", "--out", "{sandbox}/victim"], ["holds other files"]),
     # (b) llama.cpp n-gram counts it would reinterpret (n_min above n_max) or refuse at start-up (above 1024)
     ("bench-llamacpp-ngram-min-above-max", no_setup,
      BENCH + ["--method", "llamacpp:ngram-mod,n_min=5,n_max=2", "--out", "{sandbox}/b"], ["n_min=5", "n_max=2"]),

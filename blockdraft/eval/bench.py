@@ -527,11 +527,26 @@ def run_bench(config: BenchConfig, out_dir: str | Path, *, overwrite: bool = Fal
     return results
 
 
+def _holds_a_report(folder: Path) -> bool:
+    """`folder` is missing, empty, a bench run's (results.json), or holds a report.md this package wrote."""
+    if not folder.is_dir() or not any(folder.iterdir()) or (folder / RESULTS).is_file():
+        return True
+    try:
+        with open(folder / "report.md", encoding="utf-8") as stream:
+            return stream.readline().startswith("# blockdraft bench report")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def redraw_report(results: str | Path, out: str | Path | None = None) -> Path:
     """report.md and plots from a results.json (or the folder holding it), beside it unless `out`."""
     source = Path(results)
     loaded = read_results(source)
     out_dir = check_location(Path(out) if out else (source if source.is_dir() else source.parent), replaced=False)
+    if out and not _holds_a_report(out_dir):
+        raise ConfigError(f"--out {out_dir} holds other files and no bench report; report.md and the plots would "
+                          "be written among them (a report.md there replaced): give a new or empty folder, or one "
+                          "holding an earlier report")
     try:
         return write_report(loaded, out_dir)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as err:
