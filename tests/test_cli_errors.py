@@ -568,9 +568,14 @@ CASES += [
                                        "{sandbox}/e"], ["--outtype"]),
     ("export-vllm-drop-attention-bias", no_setup, ["export", "{base}/drafter", "--for", "vllm", "--drop-attention-bias",
                                                    "--out", "{sandbox}/e"], ["--drop-attention-bias"]),
-    # (d) report --out into a folder of other files replaced its report.md
+    # (d) report --out into a folder of other files replaced its report.md; (c) curves --out not an image was
+    # matplotlib's ValueError, and a folder got FOLDER.png beside it while the folder was printed
     ("report-out-folder-of-others", report_among_others,
      ["report", "{sandbox}/results.json", "--out", "{sandbox}/victim"], ["holds other files"]),
+    ("curves-out-not-image", out_dir_file, ["curves", "{base}/cached-run", "--out", "{sandbox}/notes.txt"],
+     ["not an image file"]),
+    ("curves-out-folder", sandbox_folder("plots"), ["curves", "{base}/cached-run", "--out", "{sandbox}/plots"],
+     ["is a folder"]),
     # (b) llama.cpp n-gram counts it would reinterpret (n_min above n_max) or refuse at start-up (above 1024)
     ("bench-llamacpp-ngram-min-above-max", no_setup,
      BENCH + ["--method", "llamacpp:ngram-mod,n_min=5,n_max=2", "--out", "{sandbox}/b"], ["n_min=5", "n_max=2"]),

@@ -52,6 +52,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+CURVE_FORMATS = (".png", ".pdf", ".svg")
+
+
 def cmd_curves(args: argparse.Namespace) -> int:
     runs = {}
     for text in args.run:
@@ -60,7 +63,15 @@ def cmd_curves(args: argparse.Namespace) -> int:
         if not (Path(folder) / "metrics.jsonl").exists():
             raise ConfigError(f"{folder} holds no metrics.jsonl; pass training out_dirs (LABEL=DIR)")
         runs[label] = folder
-    name = draw_curves(runs, Path(args.out))
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give an image file such as {out / 'curves.png'}")
+    if out.suffix.lower() not in CURVE_FORMATS:
+        raise ConfigError(f"--out {out} is not an image file: give a {', '.join(CURVE_FORMATS)} path")
+    for parent in out.absolute().parents:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"--out {out} lies under {parent}, which is a file; give a path inside a folder")
+    name = draw_curves(runs, out)
     if name is None:
         raise ConfigError("plotting needs matplotlib: pip install matplotlib")
     print(f"curves: {args.out}")
