@@ -568,6 +568,10 @@ CASES += [
                                        "{sandbox}/e"], ["--outtype"]),
     ("export-vllm-drop-attention-bias", no_setup, ["export", "{base}/drafter", "--for", "vllm", "--drop-attention-bias",
                                                    "--out", "{sandbox}/e"], ["--drop-attention-bias"]),
+    # (b) DFlash 2 training fields ignored: selector options on a DFlash 1 run, arch=dflash2 over a DFlash 1 drafter_init
+    ("train-selector-alpha-dflash1", no_setup, TRAIN + ["selector_alpha=2.0"], ["selector_alpha=2.0", "arch=dflash2"]),
+    ("train-dflash2-over-dflash1-init", no_setup, TRAIN + ["arch=dflash2", "drafter_init={base}/drafter"],
+     ["drafter_init", "DFlash 1"]),
     # (d) report --out into a folder of other files replaced its report.md; (c) curves --out not an image was
     # matplotlib's ValueError, and a folder got FOLDER.png beside it while the folder was printed
     ("report-out-folder-of-others", report_among_others,

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ..checkpoints import init_drafter, load_drafter_model, save_drafter
-from ..config import ConfigError, default_target_layer_ids
+from ..config import ConfigError, DFlashConfig, default_target_layer_ids
 from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
@@ -78,6 +78,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         resume = resume or found is not None  # a rerun of the same recipe picks its run up again
         print(f"train: run folder {config.out_dir} (out_dir not set: under $BLOCKDRAFT_HOME; "
               f"{'resuming from ' + found.name if found else 'new run'}; the same recipe resumes it)", flush=True)
+    check_dflash2_fields(config)
     device = _device(config)
     dist_info = Distributed.from_env(device)
     # The run writes its own files into out_dir and never replaces the folder itself; it must not be
@@ -92,6 +93,23 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
                     features_deadline=features_deadline, target=target)
+
+
+def check_dflash2_fields(config: TrainConfig) -> None:
+    """The DFlash 2 fields act only on a DFlash 2 run (arch=dflash2, or a drafter_init that is one): set for any
+    other run they would be ignored, so they are refused before any work."""
+    path = Path(config.drafter_init) / "config.json" if config.drafter_init else None
+    init = DFlashConfig.load(path) if path is not None and path.is_file() else None
+    if init is not None and config.arch == "dflash2" and not init.is_dflash2:
+        raise ConfigError(f"arch=dflash2 builds a new DFlash 2 drafter, but drafter_init {config.drafter_init} is a "
+                          "DFlash 1 drafter, which the run would train as it is: drop arch=dflash2, or drafter_init")
+    if init.is_dflash2 if init is not None else config.arch == "dflash2":
+        return
+    changed = [f"{spec.name}={getattr(config, spec.name)}" for spec in dataclasses.fields(TrainConfig)
+               if spec.name.startswith("selector_") and getattr(config, spec.name) != spec.default]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)} configure DFlash 2's candidate selector, and this run trains a DFlash 1 "
+                          "drafter: add arch=dflash2, or drop them")
 
 
 # ------------------------------------------------------------------ setup
