@@ -218,7 +218,7 @@ OWNER = """
 import sys, time
 from pathlib import Path
 from blockdraft.engines.llamacpp_server import LlamaServer
-server = LlamaServer(Path(sys.argv[1]), Path(sys.argv[2]), startup_timeout_s=30).start()
+server = LlamaServer(Path(sys.argv[1]), Path(sys.argv[2]), startup_timeout_s=120).start()
 print(server.process.pid, flush=True)
 time.sleep(600)
 """
@@ -231,11 +231,13 @@ def test_a_server_does_not_outlive_the_process_that_started_it(fake_server, how)
     binary, model = fake_server
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(binary), str(model)], stdout=subprocess.PIPE, text=True)
     try:
-        pid = int(owner.stdout.readline())
+        line = owner.stdout.readline()
+        assert line.strip().isdigit(), f"the owner did not start a server (exit {owner.poll()}): {line!r}"
+        pid = int(line)
         os.kill(pid, 0)  # the server runs
         owner.send_signal(how)
-        owner.wait(timeout=30)
-        deadline = time.monotonic() + 20
+        owner.wait(timeout=60)
+        deadline = time.monotonic() + 60  # generous: a loaded machine may take long to run the server's exit
         while time.monotonic() < deadline:
             try:
                 os.kill(pid, 0)
