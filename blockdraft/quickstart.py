@@ -66,6 +66,9 @@ WARMUP_TOKENS = 16  # eval.bench.WARMUP_TOKENS: every method's warm-up generatio
 SLOWER = 1.6  # a method's tokens cost up to this many plain steps each on a CPU (docs/hardware.md)
 BENCH_TOKENS = (32, 128)  # new tokens per benchmark prompt: the fewest worth a speedup, the most worth waiting for
 BENCH_PROMPTS = 10  # the benchmark asks for at most this many; its hard deadline stops before one that would not fit
+# A drafter memorises its data from about 14 steps per training conversation on (docs/studies, data and
+# schedule): the steps the time buys are capped there, so a fast machine does not train past it.
+STEPS_PER_CONVERSATION = 14
 
 
 def bench_share(dtype: str) -> float:
@@ -106,6 +109,10 @@ class Plan:
                    train_steps=max(10, int(400 * scale)), bench_prompts=max(1, int(3 * scale)),
                    bench_tokens=max(32, int(128 * scale)))
 
+    def steps_for(self, conversations: int) -> int:
+        """The steps to train on `conversations`: what the time buys, at most STEPS_PER_CONVERSATION each."""
+        return min(self.train_steps, max(10, STEPS_PER_CONVERSATION * conversations))
+
     @classmethod
     def for_machine(cls, minutes: float, left_s: float, speed: Throughput, *, answers: bool, methods: int,
                     prompt_tokens: int) -> "Plan":
@@ -123,7 +130,7 @@ class Plan:
         step_s = speed.step_target_tokens / speed.pass_tok_s
         if not answers:  # regeneration makes the data; the features of its few conversations come online-cheap
             step_s *= 1.2
-        train_steps = int(min(400, max(10, (train_s - features_s) / step_s)))
+        train_steps = int(max(10, (train_s - features_s) / step_s))  # capped by the data at train time
         bench_s = bench_share(speed.dtype) * left_s - 2 * speed.load_s  # the target, the small draft, the drafters
         prefill_s = prompt_tokens / speed.pass_tok_s
         warm_ups = methods * (prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)  # once, on the first prompt
@@ -283,10 +290,11 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     conversations = sum(1 for line in data.open() if line.strip())
 
     cached = None
+    train_steps = plan.steps_for(conversations)
     if not (drafter_dir / "model.safetensors").exists():
         train_s = train_share * left
         _stage(f"train a DFlash drafter on {conversations} conversations ({labels} labels, D-PACE, up to "
-               f"{plan.train_steps} steps, {train_s / 60:.1f} min"
+               f"{train_steps} steps, {train_s / 60:.1f} min"
                + (f", the feature pass at most {FEATURES_SHARE * train_s / 60:.1f} of them)" if answers else ")"),
                started)
         # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
@@ -294,8 +302,8 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
         config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=MAX_LENGTH,
                              num_layers=DRAFT_LAYERS, block_size=BLOCK_SIZE, labels=labels,
                              target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
-                             max_steps=plan.train_steps, num_anchors=NUM_ANCHORS, draft_vocab_size=draft_vocab(target),
-                             features="cached", save_every=max(10, plan.train_steps // 4), log_every=10,
+                             max_steps=train_steps, num_anchors=NUM_ANCHORS, draft_vocab_size=draft_vocab(target),
+                             features="cached", save_every=max(10, train_steps // 4), log_every=10,
                              threads=threads)
         now = time.monotonic()
         features_deadline = now + FEATURES_SHARE * train_s if answers else now + train_s
@@ -331,7 +339,7 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
                               deadline=check_deadline)
     stage_done("float32 check")
 
-    facts = {"conversations": conversations, "labels": labels, "steps": steps, "planned_steps": plan.train_steps,
+    facts = {"conversations": conversations, "labels": labels, "steps": steps, "planned_steps": train_steps,
              "hardware": hardware, "trained_method": _trained_method(drafter_dir), "cached": cached,
              "dtype": speed.dtype, "pass_tok_s": speed.pass_tok_s, "stage_minutes": times}
     summary = write_summary(out, results, lossless, time.monotonic() - started, facts)

@@ -6,8 +6,8 @@ import pytest
 
 from blockdraft.config import ConfigError
 from blockdraft.eval.report import MIN_PROMPTS
-from blockdraft.quickstart import (BENCH_TOKENS, Plan, Throughput, bench_share, probe_throughput, run_quickstart,
-                                   write_summary)
+from blockdraft.quickstart import (BENCH_TOKENS, STEPS_PER_CONVERSATION, Plan, Throughput, bench_share,
+                                   probe_throughput, run_quickstart, write_summary)
 from blockdraft.target import native_bf16
 from chat_fixtures import save_tiny_chat_model
 from helpers import write_chat_jsonl
@@ -102,6 +102,16 @@ def test_the_plan_scales_with_the_probed_throughput():
         assert 2 * speed.load_s + warm_ups + prompts <= bench_share("fp32") * 29 * 60 + 1e-6
     regen = Plan.for_machine(30, 29 * 60, _speed(15.0, 0.4), answers=False, methods=8, prompt_tokens=150)
     assert regen.feature_tokens == 0 and regen.train_steps < slow.train_steps * 2
+
+
+def test_a_fast_machine_trains_as_long_as_its_share_and_its_data_allow():
+    """No fixed step ceiling: a fast machine's training share buys more steps than the 30-minute shape's
+    400, and the steps are capped at STEPS_PER_CONVERSATION per conversation trained on (memorisation)."""
+    fast = Plan.for_machine(30, 29 * 60, _speed(155.0, 0.17), answers=True, methods=7, prompt_tokens=150)
+    assert fast.train_steps > 400
+    assert fast.steps_for(117) == min(fast.train_steps, 117 * STEPS_PER_CONVERSATION)
+    assert fast.steps_for(8) == 8 * STEPS_PER_CONVERSATION < fast.train_steps
+    assert fast.steps_for(0) == 10
 
 
 def test_the_probe_measures_this_machine_at_auto_precision(tmp_path):
