@@ -196,6 +196,16 @@ def rows_curve(curve: VerifyCost | TargetVerifyCost | Sequence[float] | Mapping[
     return lambda k, rows=1: one_row(k)
 
 
+def tree_cost_curve(verify_cost, target: Target | None, max_nodes: int) -> Callable[[float, int], float]:
+    """A measured tree budget's t(k, rows): `verify_cost` as `rows_curve` reads it, else timed on `target`."""
+    if verify_cost is None:
+        if target is None:
+            raise ConfigError("tree budget 'measured' needs the target (to time its verify passes) or a "
+                              "verify_cost curve")
+        verify_cost = TargetVerifyCost(target, max_nodes)
+    return rows_curve(verify_cost, max_nodes)
+
+
 def one_row_curve(curve: Sequence[float] | Mapping[int, float] | Callable[[int], float],
                   max_k: int) -> Callable[[int], float]:
     """A one-row t(k) given by hand: a list indexed by k, a {k: seconds} map (linear between its points) or

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..cost import TargetVerifyCost, best_prefix, rows_curve
+from ..cost import best_prefix, tree_cost_curve
 from ..decode.rows import TreeRows
 from .base import Proposal
 
@@ -42,12 +42,7 @@ class SelectorTree:
         self.max_proposals = drafter.max_proposals
         self.verify_cost = None
         if budget == "measured":
-            if verify_cost is None:
-                if target is None:
-                    raise ConfigError("tree budget 'measured' needs the target (to time its verify passes) "
-                                      "or a verify_cost curve")
-                verify_cost = TargetVerifyCost(target, max_nodes)
-            self.verify_cost = rows_curve(verify_cost, max_nodes)  # t(k, rows)
+            self.verify_cost = tree_cost_curve(verify_cost, target, max_nodes)  # t(k, rows)
         self.rows = 1  # rows verified together in this drafter's rounds (`TreeRows` sets it each round)
         self.last_budget: int | None = None  # nodes the last round kept
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..cost import TargetVerifyCost, VerifyCost, best_prefix, rows_curve
+from ..cost import VerifyCost, best_prefix, tree_cost_curve
 from ..decode.rows import TreeRows
 from ..decode.tree import TreeBuilder, best_first_tree
 from ..target import Target
@@ -104,12 +104,7 @@ class TreeDrafter:
         self.budget = budget
         self.verify_cost = None
         if budget == "measured":
-            if verify_cost is None:
-                if target is None:
-                    raise ConfigError("tree budget 'measured' needs the target (to time its verify passes) "
-                                      "or a verify_cost curve")
-                verify_cost = TargetVerifyCost(target, max_nodes)
-            self.verify_cost = rows_curve(verify_cost, max_nodes)  # t(k, rows)
+            self.verify_cost = tree_cost_curve(verify_cost, target, max_nodes)  # t(k, rows)
         self.rows = 1  # rows verified together in this drafter's rounds (`TreeRows` sets it each round)
         self.max_nodes = max_nodes
         self.keep_chain = keep_chain
