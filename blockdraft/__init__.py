@@ -20,7 +20,7 @@ from .checkpoints import init_drafter, load_drafter, save_drafter  # noqa: E402
 from .config import ConfigError, DFlashConfig, SamplingConfig  # noqa: E402
 from .sanity import check_drafter_target  # noqa: E402
 from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
-from .drafters.base import Drafter, NoDrafter, Proposal  # noqa: E402
+from .decode.proposal import Drafter, NoDrafter, Proposal  # noqa: E402
 from .drafters.tree import as_tree  # noqa: E402
 from .target import Target, load_target  # noqa: E402
 

@@ -13,7 +13,7 @@ import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 #: DFlash 2: the DFlash backbone with block convolutions around every sublayer (+ a candidate selector)
@@ -95,6 +95,64 @@ def check_ranges(config: Any, specs: Mapping[str, str], *, prefix: str = "", fla
             words = f"in {spec}" if _INTERVAL.match(spec) else spec
             shown = "--" + name.replace("_", "-") if flags else name
             raise ConfigError(f"{prefix}{shown} must be {words}, got {value!r}")
+
+
+# ------------------------------------------------------------------ `key=value` options (drafter specs, bench methods)
+
+@dataclass(frozen=True)
+class Option:
+    """One `key=value` option: what its value may be (for help and errors), its parser, its default."""
+
+    usage: str  # in the grammar's help: `tree=N|measured`
+    takes: str  # in errors: "... option tree takes <takes>, got '0'"
+    parse: Callable[[str], Any]  # text -> value; raises ValueError for text it does not take
+    default: Any = None
+
+
+def positive_int(text: str) -> int:
+    if not (text.isdigit() and int(text) >= 1):
+        raise ValueError(text)
+    return int(text)
+
+
+def unit_interval(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(text)
+    return value
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise ValueError(text)
+        return text
+    return parse
+
+
+def parse_options(kind: str, text: str, allowed: Sequence[str],
+                  table: Mapping[str, Option]) -> tuple[str, dict[str, str]]:
+    """`HEAD[,key=value...]` -> (HEAD, {key: value as written}), each option checked against `table`.
+
+    The one option parser: drafter kinds (`drafter_spec.py`) pass `OPTIONS`; the llama.cpp bench methods their own
+    table."""
+    head, *parts = text.split(",")
+    options: dict[str, str] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in allowed:
+            split = (f"; a comma separates options, so the path {head + ',' + part!r} was split at its comma: "
+                     "rename or symlink that folder to a name without one") if not sep else ""
+            raise ConfigError(f"{kind} option {part!r} is not one of {', '.join(f'{k}=...' for k in allowed)}{split}")
+        try:
+            table[key].parse(value)
+        except ValueError:
+            raise ConfigError(f"{kind} option {key} takes {table[key].takes}, got {value!r}") from None
+        if key in options:
+            raise ConfigError(f"{kind} option {key} is given twice in {text!r}")
+        options[key] = value
+    return head.strip(), options
 
 
 # Sane bounds for a drafter's sizes: a corrupt config.json must be refused before it builds a million layers

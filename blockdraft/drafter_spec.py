@@ -17,7 +17,8 @@ Kinds (`DRAFTERS`, one `DrafterKind` each: a builder and what it reads):
   `branches=B` distinct continuations, n-grams of `ngram=N` down to `min_ngram=M` tokens, `tokens=T` per
   continuation;
 - `hybrid:SOURCE+SOURCE...`: several drafters in one tree per round, SOURCE one of `lookup`,
-  `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`, `dflash=PATH` (each kind once), with
+  `lookup=CORPUS.jsonl`, `small-ar`, `small-ar=NAME_OR_PATH`, `dflash=PATH` (the kinds whose entry declares a
+  `source`; each kind once), with
   `mode=merge|fallback` (merge every source's proposal into one tree, DFlash filling the budget the
   sources before it left; or use the first source, in the order given, that proposes anything that
   round) and the lookup options above.
@@ -43,16 +44,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from ..checkpoints import load_drafter
-from ..config import ConfigError
-from ..cost import measure_verify_cost
-from ..target import Target, load_target
-from .headed import HeadedDrafter
-from .lookup import CorpusIndex, LookupDrafter
-from .pruning import Pruning
-from .selector_tree import SelectorTree
-from .small_ar import SmallARDrafter
-from .tree import MAX_TREE_BUDGET, TreeDrafter, as_tree, check_budget
+from .checkpoints import load_drafter
+from .config import ConfigError, Option, choice, parse_options, positive_int, unit_interval
+from .decode.cost import measure_verify_cost
+from .drafters.headed import HeadedDrafter
+from .drafters.lookup import CorpusIndex, LookupDrafter
+from .drafters.pruning import Pruning
+from .drafters.selector_tree import SelectorTree
+from .drafters.small_ar import SmallARDrafter
+from .drafters.tree import MAX_TREE_BUDGET, TreeDrafter, as_tree, check_budget
+from .target import Target, load_target
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_SMALL_AR_PROPOSALS = 4  # K of `small-ar` (B = 5) unless proposals=K or bench's --block-size says otherwise
@@ -60,41 +61,9 @@ DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_LOOKUP_NGRAM = 3
 DEFAULT_TREE_BRANCHES = 4
 DEFAULT_HYBRID_TREE = 32
-HYBRID_SOURCES = ("lookup", "small-ar", "dflash")
 
 
 # ------------------------------------------------------------------------------------------------ options
-
-@dataclass(frozen=True)
-class Option:
-    """One `key=value` option: what its value may be (for help and errors), its parser, its default."""
-
-    usage: str  # in the grammar's help: `tree=N|measured`
-    takes: str  # in errors: "... option tree takes <takes>, got '0'"
-    parse: Callable[[str], Any]  # text -> value; raises ValueError for text it does not take
-    default: Any = None
-
-
-def positive_int(text: str) -> int:
-    if not (text.isdigit() and int(text) >= 1):
-        raise ValueError(text)
-    return int(text)
-
-
-def unit_interval(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:  # NaN fails too
-        raise ValueError(text)
-    return value
-
-
-def choice(*values: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in values:
-            raise ValueError(text)
-        return text
-    return parse
-
 
 def tree_budget(value: str | None) -> int | str | None:
     """`tree=` option text (or `--tree`) -> a tree budget `generate` takes (None when absent)."""
@@ -130,30 +99,6 @@ OPTIONS: dict[str, Option] = {
     "tokens": Option("T", "a positive integer", positive_int),  # None: K of proposals=K, else 10
 }
 COMMON = ("tree", "proposals")  # options every drafter kind takes
-
-
-def parse_options(kind: str, text: str, allowed: Sequence[str],
-                  table: Mapping[str, Option] = OPTIONS) -> tuple[str, dict[str, str]]:
-    """`HEAD[,key=value...]` -> (HEAD, {key: value as written}), each option checked against `table`.
-
-    The one option parser: drafter kinds read `OPTIONS`; the llama.cpp bench methods pass their own table."""
-    head, *parts = text.split(",")
-    options: dict[str, str] = {}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or key not in allowed:
-            split = (f"; a comma separates options, so the path {head + ',' + part!r} was split at its comma: "
-                     "rename or symlink that folder to a name without one") if not sep else ""
-            raise ConfigError(f"{kind} option {part!r} is not one of {', '.join(f'{k}=...' for k in allowed)}{split}")
-        try:
-            table[key].parse(value)
-        except ValueError:
-            raise ConfigError(f"{kind} option {key} takes {table[key].takes}, got {value!r}") from None
-        if key in options:
-            raise ConfigError(f"{kind} option {key} is given twice in {text!r}")
-        options[key] = value
-    return head.strip(), options
 
 
 @dataclass(frozen=True)
@@ -209,6 +154,10 @@ class DrafterKind:
     # drafter built per B); None: the kind ignores --block-size
     block_size: str | None = None
     common: bool = True  # takes tree= and proposals= (every drafter; not `ar`)
+    # as a source of `hybrid:KIND[=ARG]+...`: source(arg, options, context) -> drafter (arg: the one after `=`, or
+    # default_arg); None: the kind is no hybrid source
+    source: Callable[[str | None, DraftOptions, BuildContext], Any] | None = None
+    check_arg: Callable[[str], Any] | None = None  # validates the argument when the spec is parsed (models not loaded)
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -253,14 +202,14 @@ def make_spec(kind: str, arg: str | None, given: Mapping[str, str], *, text: str
     entry = DRAFTERS[kind]
     shown = text if text is not None else kind
     options = "".join(f",{key}={value}" for key, value in given.items())
-    parse_options(kind, options, entry.allowed)
+    parse_options(kind, options, entry.allowed, OPTIONS)
     if arg is None and entry.needs:
         raise ConfigError(f"method '{kind}' needs {entry.needs}")
     if arg is not None and entry.arg is None:
         raise ConfigError(f"method '{kind}' takes no argument, got {shown!r}")
     spec = DrafterSpec(kind, arg if arg is not None else entry.default_arg, DraftOptions(dict(given)))
-    if kind == "hybrid":
-        hybrid_sources(spec.arg)  # checked now, before any model loads
+    if entry.check_arg is not None and spec.arg is not None:
+        entry.check_arg(spec.arg)
     return spec
 
 
@@ -272,7 +221,7 @@ def parse_spec(text: str) -> DrafterSpec:
     entry = DRAFTERS[kind]
     if rest is None or not entry.allowed:
         return make_spec(kind, rest, {}, text=text.strip())
-    head, given = parse_options(kind, rest, entry.allowed)
+    head, given = parse_options(kind, rest, entry.allowed, OPTIONS)
     if not head and entry.needs:
         raise ConfigError(f"method {kind} needs {entry.needs.split(':', 1)[0]} first: {kind}:{entry.arg}"
                           f"[,option=value], got {rest!r}")
@@ -298,7 +247,7 @@ def build_plain(arg: str | None, options: DraftOptions, context: BuildContext) -
     return None, {"kind": "ar"}
 
 
-def _small_ar(name: str, options: DraftOptions, context: BuildContext) -> SmallARDrafter:
+def small_ar_source(name: str, options: DraftOptions, context: BuildContext) -> SmallARDrafter:
     fixed = options.fixed_proposals()
     count = fixed or (context.block_size - 1 if context.block_size else DEFAULT_SMALL_AR_PROPOSALS)
     return SmallARDrafter(context.draft_model(name), context.target, num_proposals=count)
@@ -306,7 +255,7 @@ def _small_ar(name: str, options: DraftOptions, context: BuildContext) -> SmallA
 
 def build_small_ar(arg: str | None, options: DraftOptions, context: BuildContext) -> tuple[SmallARDrafter, dict]:
     draft = context.draft_model(arg)
-    return _small_ar(arg, options, context), {"kind": "small-ar", "draft": arg, "draft_layers": draft.num_layers,
+    return small_ar_source(arg, options, context), {"kind": "small-ar", "draft": arg, "draft_layers": draft.num_layers,
                                               "draft_hidden_size": draft.hidden_size}
 
 
@@ -370,13 +319,15 @@ def build_lookup(arg: str | None, options: DraftOptions, context: BuildContext) 
 
 
 def hybrid_sources(arg: str) -> list[tuple[str, str | None]]:
-    """`SOURCE+SOURCE...` -> [(kind, argument)]; a `+` splits only before a source kind, so paths keep theirs."""
+    """`SOURCE+SOURCE...` -> [(kind, argument)], the kinds that declare a `source`; a `+` splits only before a
+    source kind, so paths keep theirs."""
+    kinds = {name: kind for name, kind in DRAFTERS.items() if kind.source is not None}
     sources = []
-    for part in re.split(rf"\+(?=(?:{'|'.join(HYBRID_SOURCES)})(?:=|\+|$))", arg):
+    for part in re.split(rf"\+(?=(?:{'|'.join(map(re.escape, kinds))})(?:=|\+|$))", arg):
         kind, _, value = part.strip().partition("=")
-        if kind not in HYBRID_SOURCES or (kind == "dflash" and not value):
-            raise ConfigError(f"hybrid source {part!r} is not one of lookup[=CORPUS.jsonl], "
-                              "small-ar[=NAME_OR_PATH], dflash=PATH")
+        if kind not in kinds or (kinds[kind].needs and not value):
+            usage = ", ".join(f"{name}={k.arg}" if k.needs else f"{name}[={k.arg}]" for name, k in kinds.items())
+            raise ConfigError(f"hybrid source {part!r} is not one of {usage}")
         sources.append((kind, value or None))
     if len(sources) < 2:
         raise ConfigError(f"a hybrid needs at least two sources joined by '+', got {arg!r}")
@@ -388,14 +339,7 @@ def hybrid_sources(arg: str) -> list[tuple[str, str | None]]:
 def build_hybrid(arg: str | None, options: DraftOptions, context: BuildContext) -> tuple[TreeDrafter, dict]:
     sources = hybrid_sources(arg)
     tree = options["tree"] or DEFAULT_HYBRID_TREE
-    drafters = []
-    for kind, value in sources:
-        if kind == "lookup":
-            drafters.append(_lookup(context.target, value, options, True))
-        elif kind == "small-ar":
-            drafters.append(_small_ar(value or DEFAULT_DRAFT, options, context))
-        else:
-            drafters.append(_checked_count(load_drafter(value, context.target), options, context, value))
+    drafters = [DRAFTERS[kind].source(value or DRAFTERS[kind].default_arg, options, context) for kind, value in sources]
     drafter = TreeDrafter(drafters, tree, labels=[kind for kind, _ in sources], target=context.target,
                           fallback=options["mode"] == "fallback")
     return drafter, {"kind": "hybrid", "sources": [{"kind": k, "arg": v} for k, v in sources], "tree": tree,
@@ -404,13 +348,22 @@ def build_hybrid(arg: str | None, options: DraftOptions, context: BuildContext) 
                      "branches": options["branches"] or DEFAULT_TREE_BRANCHES}
 
 
+def lookup_source(arg: str | None, options: DraftOptions, context: BuildContext) -> LookupDrafter:
+    return _lookup(context.target, arg, options, True)  # in a hybrid's tree: 4 branches unless branches= says
+
+
+def dflash_source(arg: str | None, options: DraftOptions, context: BuildContext):
+    return _checked_count(load_drafter(arg, context.target), options, context, arg)
+
+
 LOOKUP_OPTIONS = ("branches", "ngram", "min_ngram", "tokens")
 DRAFTERS: dict[str, DrafterKind] = {
     "ar": DrafterKind(build_plain, common=False),
-    "small-ar": DrafterKind(build_small_ar, arg="NAME_OR_PATH", default_arg=DEFAULT_DRAFT, block_size="sizes"),
+    "small-ar": DrafterKind(build_small_ar, arg="NAME_OR_PATH", default_arg=DEFAULT_DRAFT, block_size="sizes",
+                            source=small_ar_source),
     "dflash": DrafterKind(build_dflash, ("markov", "heads", "threshold", "cost"), arg="PATH",
-                          needs="the drafter folder: dflash:PATH", block_size="caps"),
-    "lookup": DrafterKind(build_lookup, LOOKUP_OPTIONS, arg="CORPUS.jsonl"),
+                          needs="the drafter folder: dflash:PATH", block_size="caps", source=dflash_source),
+    "lookup": DrafterKind(build_lookup, LOOKUP_OPTIONS, arg="CORPUS.jsonl", source=lookup_source),
     "hybrid": DrafterKind(build_hybrid, ("mode", *LOOKUP_OPTIONS), arg="lookup+small-ar+dflash=PATH",
-                          needs="its sources: hybrid:lookup+small-ar[,tree=N]"),
+                          needs="its sources: hybrid:lookup+small-ar[,tree=N]", check_arg=hybrid_sources),
 }

@@ -48,9 +48,9 @@ __all__ = ["init_drafter", "own_text", "prompts", "tiny_target", "trained_drafte
 
 
 def pin_verify_costs(monkeypatch, cost) -> None:
-    """Replace the timed verify passes (`blockdraft.cost.timed_costs`) by cost(rows, k) seconds, so every
+    """Replace the timed verify passes (`blockdraft.decode.cost.timed_costs`) by cost(rows, k) seconds, so every
     choice read off the cost rule is known in advance."""
-    from blockdraft import cost as cost_module
+    from blockdraft.decode import cost as cost_module
 
     def timed(target, max_rows, max_k):
         return {(rows, k): cost(rows, k) for rows in cost_module.row_points(max_rows)

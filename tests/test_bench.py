@@ -413,7 +413,7 @@ def _fake_clock(monkeypatch):
 def test_the_deadline_covers_the_setup_a_slow_load_gets_coarse_cost_curves(assets, tmp_path, monkeypatch):
     """A load that took 2 of the 1 minute given: the tree's verify-cost curve is timed at its two ends only
     (interpolated between), the first prompt is still measured (--max-minutes), and the report says both."""
-    from blockdraft import cost
+    from blockdraft.decode import cost
 
     clock = _fake_clock(monkeypatch)
     real_load, timed = bench_module.load_target, []

@@ -198,7 +198,7 @@ def test_bad_batches_get_clear_errors(targets):
 
 
 def test_unbatchable_drafters_and_targets_are_refused(targets):
-    from blockdraft.drafters.base import Proposal
+    from blockdraft.decode.proposal import Proposal
     from blockdraft.drafters.tree import as_tree
 
     class OneSequence:  # per-sequence state it cannot copy: no spawn(), no batch_drafter()

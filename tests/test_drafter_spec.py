@@ -1,4 +1,4 @@
-"""The one drafter grammar (`drafters/spec.py`): generate's flags are shorthand for bench's specs, `generate
+"""The one drafter grammar (`drafter_spec.py`): generate's flags are shorthand for bench's specs, `generate
 --method` decodes as the flags do, and a new kind is one builder + one registry line (the worked example of
 docs/design.md, run here through bench's method parsing and `generate --method`)."""
 
@@ -11,7 +11,7 @@ import pytest
 from blockdraft.cli import build_parser, main
 from blockdraft.cli.run import drafter_spec
 from blockdraft.config import ConfigError, SamplingConfig
-from blockdraft.drafters.spec import DRAFTERS, parse_spec
+from blockdraft.drafter_spec import DRAFTERS, parse_spec
 from blockdraft.eval.methods import build_runners, parse_method
 from blockdraft.target import load_target
 from chat_fixtures import save_tiny_chat_model

@@ -508,12 +508,10 @@ class PrefixCountHead(SlotHead):
 
 
 def test_every_head_in_the_table_resolves_to_its_builder():
-    import importlib
+    from blockdraft.drafters.head_table import HEAD_MODULES, head_builder
+    from blockdraft.drafters.heads import ScoringHead
 
-    from blockdraft.drafters.heads import HEAD_BUILDERS, ScoringHead, head_builder
-
-    for name, where in HEAD_BUILDERS.items():
-        module = importlib.import_module(where.split(":")[0])
+    for name, module in HEAD_MODULES.items():
         assert callable(head_builder(name))
         assert any(isinstance(c, type) and issubclass(c, (SlotHead, ScoringHead)) and c.name == name
                    for c in vars(module).values())
@@ -522,7 +520,7 @@ def test_every_head_in_the_table_resolves_to_its_builder():
 
 def test_slot_heads_compose_save_load_and_stay_lossless(target, tmp_path, monkeypatch):
     # A new slot head is one class (PrefixCountHead, above) and one registration line (here, scoped to the test).
-    from blockdraft.drafters import heads as heads_module
+    from blockdraft.drafters import head_table as heads_module
 
     monkeypatch.setitem(heads_module.HEADS, "prefixcount",
                         lambda spec: PrefixCountHead(spec["vocab_size"], spec["out_vocab_size"]))

@@ -1,4 +1,5 @@
-"""The package's import graph: no circles, and the target adapter imports nothing above it."""
+"""The package's import graph: no circles, no two folders (or top-level modules) importing each other, no
+by-name imports the graph cannot see, and the target adapter imports nothing above it."""
 
 import ast
 import re
@@ -84,6 +85,53 @@ def cycles() -> list[list[str]]:
 
 def test_no_import_circles():
     assert cycles() == []
+
+
+def unit(module: str) -> str:
+    """The layer a module belongs to: its top-level folder (`decode`, `drafters`, ...) or, for a top-level
+    module, itself (`blockdraft.target`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def two_way_ties() -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """Every pair of layers importing each other (a tangle even without a module circle), with the imports
+    that tie them in both directions."""
+    edges: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for module, imported in GRAPH.items():
+        for other in imported:
+            if unit(module) != unit(other):
+                edges.setdefault((unit(module), unit(other)), []).append((module, other))
+    return {(a, b): sorted(edges[a, b] + edges[b, a]) for a, b in edges if a < b and (b, a) in edges}
+
+
+def test_no_two_folders_import_each_other():
+    assert two_way_ties() == {}
+
+
+def by_name_imports(path: Path) -> list[int]:
+    """Lines of `path` that import a module by a name computed at run time (`importlib.import_module`,
+    `__import__`): edges the graph above cannot see."""
+    tree = ast.parse(path.read_text())
+    return sorted(node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and ast.unparse(node.func).split(".")[-1] in ("import_module", "__import__"))
+
+
+def test_no_by_name_imports():
+    found = {str(path.relative_to(PACKAGE.parent)): lines for path in sorted(PACKAGE.rglob("*.py"))
+             if (lines := by_name_imports(path))}
+    assert not found, f"import these modules by name in a plain table instead (file: lines): {found}"
+
+
+def test_the_rules_see_a_tie_and_a_by_name_import(tmp_path):
+    GRAPH["blockdraft.decode.zz_probe"] = {"blockdraft.drafters.tree"}  # decode -> drafters, the wrong way
+    try:
+        assert ("decode", "drafters") in two_way_ties()
+    finally:
+        del GRAPH["blockdraft.decode.zz_probe"]
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib\n\ndef f(name):\n    return importlib.import_module(name)\n")
+    assert by_name_imports(probe) == [4]
 
 
 def test_the_target_adapter_imports_nothing_above_it():

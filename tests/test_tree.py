@@ -1,5 +1,6 @@
 """Draft trees: the tree pass and cache compaction, the lossless walk, DDTree, lookup and hybrid drafters."""
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import tree as tree_module
 from blockdraft.attention import tree_layout
 from blockdraft.decode.tree import TreeBuilder, best_first_tree, chain_parents, verify_tree
-from blockdraft.drafters.base import Proposal
+from blockdraft.decode.proposal import Proposal
 from blockdraft.drafters.lookup import CorpusIndex, LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from blockdraft.drafters.tree import TreeDrafter
@@ -154,8 +155,7 @@ class _AsTree:
 
     def propose(self, ids, num_proposals, sampling, generator):
         proposal = self.drafter.propose(ids, num_proposals, sampling, generator)
-        proposal.parents = self.parents_of(proposal.tokens.shape[0])
-        return proposal
+        return dataclasses.replace(proposal, parents=self.parents_of(proposal.tokens.shape[0]))
 
 
 def test_a_one_chain_tree_is_the_chain_path(targets, trained):

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import blockdraft
-from blockdraft import cost as cost_module
+from blockdraft.decode import cost as cost_module
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import width as width_module
 from blockdraft.decode.width import PROBE_EVERY, CostAwareWidth
-from blockdraft.drafters.base import Proposal
+from blockdraft.decode.proposal import Proposal
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.eval.methods import build_runners, parse_method

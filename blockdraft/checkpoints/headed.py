@@ -15,10 +15,11 @@ import torch
 from safetensors import safe_open
 
 from ..config import ConfigError
-from ..drafters.base import Drafter
+from ..decode.proposal import Drafter
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
-from ..drafters.heads import HEAD_BUILDERS, HEADS, ScoringHead, SlotHead, head_builder
+from ..drafters.head_table import HEAD_MODULES, HEADS, head_builder
+from ..drafters.heads import ScoringHead, SlotHead
 from ..drafters.pruning import Pruning
 from ..shipped import resolve_drafter
 from ..target import Target, load_target
@@ -75,7 +76,7 @@ def attach_saved_heads(backbone: DFlashDrafter, path: str | Path, *, dtype: torc
 def build_heads(description: Mapping[str, Any]) -> tuple[list[SlotHead], ScoringHead | None]:
     """Heads from the `heads` entry of `config.json` (the output of their `describe()`):
     (the slot heads in their saved order, the scoring head the pruning rule reads or None)."""
-    known = {*HEAD_BUILDERS, *HEADS}
+    known = {*HEAD_MODULES, *HEADS}
     unknown = sorted(set(description) - known)
     if unknown:
         raise ConfigError(f"config.json describes heads {unknown} that this drafter cannot attach; known heads: "

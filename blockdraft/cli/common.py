@@ -12,7 +12,7 @@ import torch
 
 from ..assets import AssetError
 from ..config import ConfigError
-from ..drafters.spec import tree_budget
+from ..drafter_spec import tree_budget
 from ..target import pick_device, resolve_model_path
 
 

@@ -12,7 +12,7 @@ from .. import generate, generate_batch
 from ..config import ConfigError
 from ..data.chat import chat_ids, has_chat_template
 from ..demo import run_demo
-from ..drafters.spec import BuildContext, build_drafter, make_spec, parse_spec
+from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
 from ..files import read_text
 from ..quickstart import run_quickstart
 from ..target import load_target
@@ -25,7 +25,7 @@ SHORTHAND = {"drafter": "--drafter", "draft_model": "--draft-model", "lookup": "
 
 
 def drafter_spec(args: argparse.Namespace):
-    """`--method SPEC` (the grammar of `drafters/spec.py`, bench's words), or the spec that the shorthand flags
+    """`--method SPEC` (the grammar of `drafter_spec.py`, bench's words), or the spec that the shorthand flags
     `--drafter`, `--draft-model`, `--lookup...`, `--tree`, `--fallback` stand for; `--num-proposals` is its
     `proposals=`. None for plain decoding. Checked before any model loads."""
     count = args.num_proposals

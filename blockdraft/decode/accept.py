@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
-from ..drafters.base import Proposal
+from .proposal import Proposal
 from .tree import verify_tree
 from .verify import verify
 

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from ..target import Target, TargetOutput
 
 if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
-    from ..drafters.base import Proposal
+    from .proposal import Proposal
 
 
 class TargetCache:
@@ -150,6 +150,13 @@ class TargetCache:
             size = max(layer.keys.shape[2], new.keys.shape[2])
             layer.keys = torch.cat([_pad_slots(layer.keys, size), _pad_slots(new.keys, size)])
             layer.values = torch.cat([_pad_slots(layer.values, size), _pad_slots(new.values, size)])
+
+
+def open_cache(target: Target, layer_ids: Sequence[int] = ()) -> TargetCache:
+    """The rows cache of `target`: its own where its engine keeps the memory (a GGUF target's llama.cpp
+    context, with the same methods), else a `TargetCache` over a transformers cache."""
+    own = target.open_cache
+    return own(layer_ids) if own is not None else TargetCache(target, layer_ids)
 
 
 def _filled(layer) -> bool:

@@ -34,10 +34,10 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from .config import ConfigError
-from .decode.cache import TargetCache
-from .target import Target
-from .timing import timed
+from ..config import ConfigError
+from .cache import open_cache
+from ..target import Target
+from ..timing import timed
 
 _TIMED: "weakref.WeakKeyDictionary[Target, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
 
@@ -126,7 +126,7 @@ def _time_passes(target: Target, ks: Sequence[int], repeats: int, rows: int, con
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, target.vocab_size, (rows, context + max(ks) + 1), generator=generator).to(target.device)
     starts = torch.full((rows,), context, device=target.device)
-    cache = TargetCache(target)
+    cache = open_cache(target)
     target.verify(ids[:, :context], torch.zeros_like(starts), cache.cache, logits_to_keep=1)
     timings: dict[int, list[float]] = {k: [] for k in ks}
     for repeat in range(repeats + 1):  # the first pass warms up and is not counted

@@ -18,11 +18,11 @@ from typing import Iterable, Sequence
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..drafters.base import Drafter, NoDrafter, Proposal
+from .proposal import Drafter, NoDrafter, Proposal
 from ..target import Target
 from ..timing import synchronize
 from .accept import accept
-from .cache import TargetCache
+from .cache import open_cache
 from .rows import batch_drafter
 from .sampling import choose
 from .tree import depths as tree_depths
@@ -213,7 +213,7 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
     width_rule = CostAwareWidth(target, proposals, slots) if num_proposals == "measured" and proposals else None
     drafters = batch_drafter(drafter, len(prompts))
     requests = _Requests(prompts, max_new_tokens, proposals, seeds, set(int(t) for t in stop_token_ids))
-    results, cache = requests.results, TargetCache(target, drafter.target_layer_ids)
+    results, cache = requests.results, open_cache(target, drafter.target_layer_ids)
     waiting = list(range(len(prompts)))  # prompts not started, in order
     t_decode, round_number = None, 0
     while cache.rows or waiting:

@@ -7,13 +7,14 @@ positions 0..L-2.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
 from ..config import SamplingConfig
-from ..decode.tree import check_tree, is_chain
+from .tree import check_tree, is_chain
 
 
 @dataclass
@@ -34,19 +35,29 @@ class Proposal:
     sources: list[int] | None = None  # per node, a bitmask over `source_labels` of who proposed it
     source_labels: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        # chain or tree, worked out once: the loop, the cache, the width rule and the records all ask
+        if self.parents is not None:
+            check_tree(self.tokens, self.parents)
+        #: verified as a tree (a tree shaped as one chain is not: it goes through exactly the chain path)
+        self.is_tree = self.parents is not None and not is_chain(self.parents)
+
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "Proposal":
         return Proposal(tokens=torch.empty(0, dtype=torch.long, device=device))
 
     def tree_parents(self) -> torch.Tensor | None:
-        """The parents to verify as a tree, validated; None when the proposal is a chain (a tree shaped
-        as one chain included, so it goes through exactly the chain path)."""
-        if self.parents is None:
-            return None
-        if "_tree_parents" not in self.__dict__:  # checked once: the loop, the cache and the records all ask
-            check_tree(self.tokens, self.parents)
-            self.__dict__["_tree_parents"] = None if is_chain(self.parents) else self.parents
-        return self.__dict__["_tree_parents"]
+        """The parents to verify as a tree; None when the proposal is a chain."""
+        return self.parents if self.is_tree else None
+
+    def prefix(self, k: int) -> "Proposal":
+        """A chain's first k proposals (itself when it holds at most k; a tree is never cut): the first k
+        tokens of a chain drawn from q_1..q_K are a chain drawn from q_1..q_k."""
+        if self.is_tree or self.tokens.shape[0] <= k:
+            return self
+        return dataclasses.replace(self, **{name: value[:k] for name in ("tokens", "q_draft", "logits", "parents",
+                                                                          "sources")
+                                            if (value := getattr(self, name)) is not None})
 
     def token_probs(self) -> torch.Tensor | None:
         """(k,) the drafter's probability of each proposed chain token (the q_k of the surrogate S~).
@@ -54,7 +65,7 @@ class Proposal:
         From `q_draft` when sampling; from the logits' softmax maximum when the tokens were argmax
         picks; None for a tree.
         """
-        if self.tree_parents() is not None:
+        if self.is_tree:
             return None
         if self.q_draft is not None:
             return self.q_draft.gather(-1, self.tokens[:, None]).squeeze(-1)

@@ -1,6 +1,6 @@
 """The drafters of the rows a decoding run holds at once (the target's side is `cache.py`).
 
-Drafting goes through a batch drafter (`BatchDrafter` in `drafters/base.py`): DFlash drafts every row
+Drafting goes through a batch drafter (`BatchDrafter` in `decode/proposal.py`): DFlash drafts every row
 in one drafter pass (`drafters/dflash_rows.py`), with or without heads (`drafters/headed.py::HeadedRows`:
 the heads step over all rows at once); other drafters (small-AR, lookup, trees) draft row by row, each
 row with its own drafter from `drafter.spawn()` (same weights, fresh per-sequence state); one row
@@ -11,7 +11,7 @@ chains and trees in the same pass.
 from __future__ import annotations
 
 from ..config import ConfigError
-from ..drafters.base import BatchDrafter, Drafter, Proposal
+from .proposal import BatchDrafter, Drafter, Proposal
 
 
 def row_drafters(drafter: Drafter, rows: int) -> list[Drafter]:
@@ -58,10 +58,9 @@ def batch_drafter(drafter: Drafter, rows: int) -> BatchDrafter:
 
 
 class TreeRows(PerRowDrafters):
-    """Per-row tree drafters; each round tells every row's drafter the round's row count R, so a measured
-    budget reads the cost of a pass over R rows, t_R(m), not the one-row curve."""
+    """Per-row tree drafters; each round tells every row's drafter the round's row count R (`rows=`), so a
+    measured budget reads the cost of a pass over R rows, t_R(m), not the one-row curve."""
 
     def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
-        for row in rows:
-            self.drafters[row].rows = len(rows)
-        return super().propose(rows, ids, budgets, sampling, generators)
+        return [self.drafters[row].propose(one, budget, sampling, generator, rows=len(rows)) if budget > 0
+                else Proposal.empty(one.device) for row, one, budget, generator in zip(rows, ids, budgets, generators)]

@@ -13,9 +13,9 @@ the numerator the expected committed tokens of the round (the DSpark notebook's 
 sum, as the cost-aware pruning of `drafters/pruning.py` uses per row), with n_r the tokens row r
 proposed (lookup proposes nothing without a match), a_j the chance that slot j is accepted when the
 slots before it were, counted over this run's earlier rounds, and t_R(k) a verify pass over R rows of
-k + 1 tokens timed on this machine once per target (`cost.py::VerifyCost`; the rule is `cost.py`'s). The counts are shrunk with
-`PRIOR_ROUNDS` pseudo-rounds toward a prior: 1/2 for slot 1, and for each deeper slot the estimate of
-the slot before it. A slot the rule has never verified thus looks like the deepest one it has: a flat
+k + 1 tokens timed on this machine once per target (`cost.py::VerifyCost`; the rule is `cost.py`'s). The
+counts are shrunk with `PRIOR_ROUNDS` pseudo-rounds toward a prior: 1/2 for slot 1, and for each deeper
+slot the estimate of the slot before it. A slot the rule has never verified thus looks like the deepest one it has: a flat
 prior of 1/2 would lock the rule into its first short cuts (lookup's continuations, accepted whole or
 not at all, have a_j of 0.9 and more from slot 3 on in HumanEval code, which a run never learns if it
 never verifies slot 4), while a drafter whose later slots fail shows it as soon as they are tried. Every
@@ -35,10 +35,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import VerifyCost, best_prefix
-from ..drafters.base import Proposal
+from .cost import VerifyCost, best_prefix
+from .proposal import Proposal
 from ..target import Target
-from .tree import is_chain
 
 PROBE_EVERY = 8
 PRIOR_ROUNDS = 2.0  # pseudo-rounds of the prior on each slot's acceptance
@@ -82,14 +81,13 @@ class CostAwareWidth:
 
     def cut_round(self, proposals: list[Proposal]) -> list[Proposal]:
         """Every chain of the round cut to k* for the chains' lengths (trees are never cut)."""
-        chains = [p.tokens.shape[0] for p in proposals if p.tree_parents() is None]
-        chosen = self.width(chains)
-        return [cut(p, chosen) if p.tree_parents() is None else p for p in proposals]
+        chosen = self.width([p.tokens.shape[0] for p in proposals if not p.is_tree])
+        return [p if p.is_tree else cut(p, chosen) for p in proposals]
 
     def observe_round(self, proposals: list[Proposal], paths: list[list[int]]) -> None:
         """The round's verified chains and their accepted paths (trees teach the chain rule nothing)."""
         for proposal, path in zip(proposals, paths):
-            if proposal.tree_parents() is None:
+            if not proposal.is_tree:
                 self.observe(proposal.tokens.shape[0], len(path))
 
     def observe(self, proposed: int, accepted: int) -> None:
@@ -100,12 +98,5 @@ class CostAwareWidth:
 
 
 def cut(proposal: Proposal, k: int) -> Proposal:
-    """The chain's first k proposals (a tree shaped as one chain too; other trees are never cut)."""
-    if proposal.tokens.shape[0] <= k or (proposal.parents is not None and not is_chain(proposal.parents)):
-        return proposal
-    return Proposal(tokens=proposal.tokens[:k], parents=None if proposal.parents is None else proposal.parents[:k],
-                    q_draft=None if proposal.q_draft is None else proposal.q_draft[:k],
-                    logits=None if proposal.logits is None else proposal.logits[:k],
-                    logit_token_ids=proposal.logit_token_ids, slot_marginals=proposal.slot_marginals,
-                    sources=None if proposal.sources is None else proposal.sources[:k],
-                    source_labels=proposal.source_labels)
+    """The width rule's one cut (`Proposal.prefix`: a chain's first k; trees are never cut)."""
+    return proposal.prefix(k)

@@ -26,7 +26,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 from ..config import ConfigError, DFlashConfig, SamplingConfig
 from ..decode.sampling import choose
 from ..target import Target
-from .base import Proposal
+from ..decode.proposal import Proposal
 from .dflash2 import BlockConv, CandidateSelector
 from .dflash_rows import ContextCache, DFlashRows
 

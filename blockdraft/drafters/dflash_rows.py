@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ..config import SamplingConfig
-from .base import Proposal
+from ..decode.proposal import Proposal
 
 
 class ContextCache:

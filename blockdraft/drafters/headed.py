@@ -29,7 +29,7 @@ from ..config import ConfigError, SamplingConfig
 from ..decode.sampling import choose
 from ..target import Target
 from ..timing import elapsed
-from .base import Proposal
+from ..decode.proposal import Proposal
 from .dflash import DFlashDrafter
 from .dflash_rows import DFlashRows
 from .heads import HeadContext, SlotHead

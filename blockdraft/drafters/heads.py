@@ -10,16 +10,14 @@ and the sibling heads it may read; it never sees the backbone):
 
 Adding a head is one file (a `SlotHead` or `ScoringHead` subclass, a `head_from_spec(spec)` builder
 and, for heads the trainer builds, `new_head(context, *, options...)`, whose keyword arguments are
-the recipe's options, and optionally `check_options(options, heads)`) and one line in `HEAD_BUILDERS`;
-code outside the package calls `register_head(name, builder)`.
+the recipe's options, and optionally `check_options(options, heads)`) and one line in `HEAD_MODULES`
+(`head_table.py`); code outside the package calls `register_head(name, builder)`.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from dataclasses import dataclass, field
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -129,66 +127,6 @@ class ScoringHead(nn.Module):
 
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
-
-
-#: Every head: name in config.json `heads` -> "module:builder", builder(spec) rebuilding the head from its
-#: `describe()`; its class says its kind (`SlotHead` or `ScoringHead`). The module is imported only when a
-#: checkpoint or a recipe names the head. The trainer builds the heads whose module has `new_head` in this
-#: order (which fixes their seeded initialisation).
-HEAD_BUILDERS: dict[str, str] = {
-    "markov": "blockdraft.drafters.markov:head_from_spec",  # DSpark Markov head
-    "confidence": "blockdraft.drafters.confidence:head_from_spec",  # DSpark confidence head (scores slots)
-    "local": "blockdraft.drafters.local_head:head_from_spec",  # DeLS-Spec local-head fusion
-    "domino": "blockdraft.drafters.domino:head_from_spec",  # Domino GRU residual
-}
-#: Builders registered at run time (`register_head`), e.g. by code outside the package.
-HEADS: dict[str, Callable[[Mapping[str, Any]], nn.Module]] = {}
-
-
-def register_head(name: str, builder: Callable[[Mapping[str, Any]], nn.Module]) -> None:
-    """Make `checkpoints.headed.build_heads` rebuild heads saved under `name` (a head defined outside
-    `HEAD_BUILDERS`)."""
-    if name in HEAD_BUILDERS:
-        raise ValueError(f"{name!r} is a built-in head name")
-    HEADS[name] = builder
-
-
-def head_builder(name: str) -> Callable[[Mapping[str, Any]], nn.Module] | None:
-    """The builder of head `name` (None for a name no head has)."""
-    if name in HEADS:
-        return HEADS[name]
-    if name not in HEAD_BUILDERS:
-        return None
-    module, builder = HEAD_BUILDERS[name].split(":")
-    return getattr(importlib.import_module(module), builder)
-
-
-def head_module(name: str) -> ModuleType:
-    """The module defining built-in head `name`."""
-    if name not in HEAD_BUILDERS:
-        raise ConfigError(f"no head {name!r}; known: {', '.join(HEAD_BUILDERS)}")
-    return importlib.import_module(HEAD_BUILDERS[name].split(":")[0])
-
-
-def trainable_heads() -> dict[str, tuple[str, ...]]:
-    """The heads the trainer builds fresh (their module has `new_head`) -> the options a recipe may give
-    each (the keyword arguments of its `new_head`), in the order they are built."""
-    out = {}
-    for name in HEAD_BUILDERS:
-        new_head = getattr(head_module(name), "new_head", None)
-        if new_head is not None:
-            out[name] = tuple(p.name for p in inspect.signature(new_head).parameters.values()
-                              if p.kind is inspect.Parameter.KEYWORD_ONLY)
-    return out
-
-
-def new_head(name: str, context: HeadContext, **options) -> nn.Module:
-    """A fresh head `name` shaped for `context` (its module's `new_head`), e.g. for training; a head
-    reading a sibling finds the ones built before it in `context.heads`."""
-    module = head_module(name)
-    if not hasattr(module, "new_head"):
-        raise ConfigError(f"the {name} head is not built fresh by the trainer (its module has no new_head)")
-    return module.new_head(context, **options)
 
 
 def positive_int_options(name: str, options: Mapping[str, Any], keys: Sequence[str]) -> None:

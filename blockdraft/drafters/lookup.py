@@ -23,7 +23,7 @@ import torch
 from ..config import ConfigError, SamplingConfig
 from ..decode.tree import TreeBuilder
 from ..files import read_text, why_not_a_file
-from .base import Proposal
+from ..decode.proposal import Proposal
 
 MAX_NGRAM = 16
 _HASH_BASE = 1_000_003

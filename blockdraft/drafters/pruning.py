@@ -3,8 +3,8 @@
 - threshold: the block ends before the first slot with c_k < threshold (at least one proposal);
 - cost-aware: the block grows while expected committed tokens per unit of round time,
       (1 + Σ_{i≤k} Π_{j≤i} c_j) / (t_draft + t_verify(k)),
-  still rises (`blockdraft.cost`, the one cost rule), with t_verify(k) the time of a target pass over
-  k + 1 tokens (`blockdraft.cost.measure_verify_cost` times it).
+  still rises (`blockdraft.decode.cost`, the one cost rule), with t_verify(k) the time of a target pass over
+  k + 1 tokens (`blockdraft.decode.cost.measure_verify_cost` times it).
 Both rules decide on slot k from c_1..c_k alone, so sampled verification stays lossless. c_k is the
 rule's scoring head's, σ of its score (DSpark's confidence head, `confidence.py`), when it has one, else
 the peak of the slot's own draft distribution, max_v q_k(v).
@@ -19,7 +19,7 @@ import torch
 
 from .. import acceptance
 from ..config import ConfigError
-from ..cost import best_prefix, one_row_curve
+from ..decode.cost import best_prefix, one_row_curve
 from .heads import HeadContext, ScoringHead
 
 CostCurve = Sequence[float] | Mapping[int, float] | Callable[[int], float]

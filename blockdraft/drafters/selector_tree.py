@@ -8,7 +8,7 @@ those. The tree is verified by the loop's tree rule (walk the target's own choic
 whatever the tree holds, so no draft distribution is needed.
 
 `SelectorTree(drafter, budget)` is itself a drafter, wrapping a DFlash 2 `DFlashDrafter` with a selector.
-`budget="measured"` sizes each round's tree by the one cost rule (`blockdraft.cost`), as DDTree over
+`budget="measured"` sizes each round's tree by the one cost rule (`blockdraft.decode.cost`), as DDTree over
 marginals does (`drafters/tree.py`): the m best-first nodes are expected to commit 1 + Σ_{i≤m} q(path_i)
 tokens (q(path) = exp(path score), the selector's own probability of the path), and m maximises that
 over t_draft + t_R(m), a verify pass over the round's R rows of the target timed on this machine.
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..cost import best_prefix, tree_cost_curve
+from ..decode.cost import best_prefix, tree_cost_curve
 from ..decode.rows import TreeRows
-from .base import Proposal
+from ..decode.proposal import Proposal
 
 
 class SelectorTree:
@@ -43,7 +43,6 @@ class SelectorTree:
         self.verify_cost = None
         if budget == "measured":
             self.verify_cost = tree_cost_curve(verify_cost, target, max_nodes)  # t(k, rows)
-        self.rows = 1  # rows verified together in this drafter's rounds (`TreeRows` sets it each round)
         self.last_budget: int | None = None  # nodes the last round kept
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
@@ -61,7 +60,8 @@ class SelectorTree:
 
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, rows: int = 1) -> Proposal:
+        """`rows`: how many rows the round verifies together (`TreeRows` passes it), for a measured budget."""
         drafter = self.drafter
         depth = min(num_proposals, self.max_proposals)
         if depth == 0:
@@ -75,7 +75,7 @@ class SelectorTree:
         if self.verify_cost is not None:  # best-first order: every prefix is a tree
             draft_s = time.perf_counter() - started
             expected = 1.0 + np.cumsum(np.exp(scores))  # (m,) tokens the first m nodes are expected to commit
-            costs = np.array([draft_s + self.verify_cost(m, self.rows) for m in range(1, len(expected) + 1)])
+            costs = np.array([draft_s + self.verify_cost(m, rows) for m in range(1, len(expected) + 1)])
             keep = best_prefix(expected, costs, first=1)
             tokens, parents = tokens[:keep], parents[:keep]
         self.last_budget = len(tokens)

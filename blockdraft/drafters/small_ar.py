@@ -6,10 +6,10 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import ConfigError, SamplingConfig
-from ..decode.cache import TargetCache
+from ..decode.cache import open_cache
 from ..decode.sampling import choose
 from ..target import Target, load_target
-from .base import Proposal
+from ..decode.proposal import Proposal
 
 
 class SmallARDrafter:
@@ -35,7 +35,7 @@ class SmallARDrafter:
         return SmallARDrafter(self.model, self._target, num_proposals=self.max_proposals)
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
-        self.cache = TargetCache(self.model)  # the draft model's own cache
+        self.cache = open_cache(self.model)  # the draft model's own cache
         self.model.forward(prompt_ids, 0, self.cache.cache, logits_to_keep=1)
         self.cached_tokens = prompt_ids[0].tolist()
 

@@ -20,7 +20,7 @@ source's drafting costs a sizeable share of a target pass (a small AR model on a
 so a greedy round accepts at least as deep as the chain would; on tiny trained drafters it gave the
 same tau as plain DDTree (within noise), so DDTree's own order is the default.
 
-`budget="measured"` picks each round's node count by the one cost rule (`blockdraft.cost`): the m
+`budget="measured"` picks each round's node count by the one cost rule (`blockdraft.decode.cost`): the m
 best-first nodes are expected to commit 1 + Σ_{i≤m} exp(score_i) tokens (exp(score) being the
 path's probability under the drafter's own marginals), and m maximises that over the round's time,
 t_draft + t_R(m), with t_R a verify pass over the round's R rows timed on this machine
@@ -37,12 +37,12 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from ..cost import VerifyCost, best_prefix, tree_cost_curve
+from ..decode.cost import VerifyCost, best_prefix, tree_cost_curve
 from ..decode.rows import TreeRows
 from ..decode.tree import TreeBuilder, best_first_tree
 from ..target import Target
 from .selector_tree import SelectorTree
-from .base import Drafter, Proposal
+from ..decode.proposal import Drafter, Proposal
 
 MAX_TREE_BUDGET = 256
 MEASURED_MAX_NODES = 64
@@ -54,7 +54,7 @@ def as_tree(drafter: Drafter, budget: int | str | None, target: Target, *,
     """`drafter` itself for budget None (chains); else a tree drafter over it: for a DFlash 2 drafter with a
     candidate selector and a budget of N nodes, DDTree over the selector's conditional scores
     (`SelectorTree`); otherwise a `TreeDrafter` (DDTree over per-slot marginals). Either way "measured" sizes
-    each round's tree by the verify cost (`blockdraft.cost`)."""
+    each round's tree by the verify cost (`blockdraft.decode.cost`)."""
     check_budget(budget)
     if budget is None:
         return drafter
@@ -88,6 +88,12 @@ class TreeDrafter:
         sources = [sources] if not isinstance(sources, (list, tuple)) else list(sources)
         if not sources:
             raise ConfigError("a tree drafter needs at least one source drafter")
+        for i, source in enumerate(sources):  # one object twice would share (and corrupt) its per-sequence state
+            if any(source is earlier for earlier in sources[:i]):
+                if not hasattr(source, "spawn"):
+                    raise ConfigError(f"tree source {i} is the same drafter object as an earlier source, and it "
+                                      "keeps per-sequence state it cannot copy (no spawn()): pass separate drafters")
+                sources[i] = source.spawn()  # shared weights, its own state
         check_budget(budget)
         if budget is None:
             raise ConfigError("a tree drafter needs a budget (an integer number of nodes or 'measured')")
@@ -105,7 +111,6 @@ class TreeDrafter:
         self.verify_cost = None
         if budget == "measured":
             self.verify_cost = tree_cost_curve(verify_cost, target, max_nodes)  # t(k, rows)
-        self.rows = 1  # rows verified together in this drafter's rounds (`TreeRows` sets it each round)
         self.max_nodes = max_nodes
         self.keep_chain = keep_chain
         self.fallback = fallback
@@ -138,7 +143,8 @@ class TreeDrafter:
             source.commit(length, self._features_for(source, features))
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, rows: int = 1) -> Proposal:
+        """`rows`: how many rows the round verifies together (`TreeRows` passes it), for a measured budget."""
         started = time.perf_counter()
         proposals = []
         for source in self.sources:
@@ -150,7 +156,7 @@ class TreeDrafter:
         builder = TreeBuilder(budget)
         for index, proposal in enumerate(proposals):
             if proposal.slot_marginals and proposal.logits is not None and proposal.logits.shape[0]:
-                self._add_marginal_tree(builder, proposal, index, sampling, draft_s)
+                self._add_marginal_tree(builder, proposal, index, sampling, draft_s, rows)
             elif proposal.tokens.numel():
                 parents = proposal.parents
                 parents = parents.tolist() if parents is not None else list(range(-1, proposal.tokens.shape[0] - 1))
@@ -160,7 +166,7 @@ class TreeDrafter:
         return Proposal(tokens=tokens, parents=parents, sources=sources, source_labels=self.labels)
 
     def _add_marginal_tree(self, builder: TreeBuilder, proposal: Proposal, source: int, sampling: SamplingConfig,
-                           draft_s: float) -> None:
+                           draft_s: float, rows: int) -> None:
         logits = proposal.logits.float()  # (k, V_draft)
         if not sampling.greedy:
             logits = logits / sampling.temperature
@@ -174,7 +180,7 @@ class TreeDrafter:
         if self.verify_cost is not None:
             used = len(builder.tokens)
             expected = 1.0 + np.cumsum(np.exp(scores.double().cpu().numpy()))  # (m,) tokens committed
-            costs = np.array([draft_s + self.verify_cost(used + m, self.rows) for m in range(1, len(expected) + 1)])
+            costs = np.array([draft_s + self.verify_cost(used + m, rows) for m in range(1, len(expected) + 1)])
             keep = best_prefix(expected, costs, first=1)  # every prefix of the order is a tree
             tokens, parents = tokens[:keep], parents[:keep]
         builder.add_tree(tokens.tolist(), parents.tolist(), source)

@@ -56,7 +56,7 @@ import transformers
 
 from .. import __version__
 from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_types, check_ranges
-from ..cost import TimingBudget, timing_deadline
+from ..decode.cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import default_device, load_target, native_bf16

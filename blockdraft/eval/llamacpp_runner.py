@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..drafters.spec import Option, choice as one_of, parse_options, positive_int, unit_interval
+from ..config import Option, choice as one_of, parse_options, positive_int, unit_interval
 from ..engines import llamacpp_export
 from ..engines.gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
 from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
@@ -70,7 +70,7 @@ def _gguf(text: str) -> str:
     return text
 
 
-# the one option parser (`drafters/spec.py::parse_options`) with the engine's own options
+# the one option parser (`config.py::parse_options`) with the engine's own options
 OPTION_TABLE = {
     "gguf": Option("q4_k_m|f16|f32|PATH.gguf", f"{', '.join(GGUF_CHOICES)} or a .gguf file", _gguf, "q4_k_m"),
     "n_match": Option("N", "a positive integer", positive_int),

@@ -2,7 +2,7 @@
 
 Spec strings (`blockdraft bench --method ...`):
 
-- a drafter of our loop in the one drafter grammar (`drafters/spec.py`, shared with
+- a drafter of our loop in the one drafter grammar (`drafter_spec.py`, shared with
   `blockdraft generate --method`): `ar` (no drafter: the speedup baseline), `small-ar[:NAME_OR_PATH]`,
   `dflash:PATH[,markov=on|off,heads=on|off,threshold=T,cost=measured]`,
   `lookup[:CORPUS.jsonl][,branches=B,ngram=N,min_ngram=M,tokens=T]`,
@@ -43,7 +43,7 @@ from transformers import DynamicCache
 
 from .. import generate, generate_batch
 from ..config import ConfigError, SamplingConfig
-from ..drafters.spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
+from ..drafter_spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
                              drafters_help, parse_spec, split_kind)
 from ..engines.llamacpp import EngineError
 from ..target import Target
@@ -79,7 +79,7 @@ class MethodSpec:
 
 
 def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
-    """`PATH[,key=value...]` -> (PATH, options as written), validated (`drafters/spec.py`)."""
+    """`PATH[,key=value...]` -> (PATH, options as written), validated (`drafter_spec.py`)."""
     spec = parse_spec(f"dflash:{arg}")
     return spec.arg, dict(spec.options.given)
 
@@ -287,7 +287,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
                   log_dir=None) -> tuple[list, dict[str, dict]]:
     """Load every drafter once and return (runners in run order, per-method descriptions).
 
-    Each drafter spec is built by `drafters/spec.py`; `--block-size` gives small-ar and dflash one runner
+    Each drafter spec is built by `drafter_spec.py`; `--block-size` gives small-ar and dflash one runner
     per block size, and a block size larger than a DFlash drafter's own (B - 1 > its max proposals) is
     refused.
     """

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 
 from ..config import ConfigError
-from ..cost import measure_verify_cost
+from ..decode.cost import measure_verify_cost
 from ..target import load_target
 
 

@@ -12,7 +12,7 @@ Domino-FT); otherwise backbone and heads train jointly.
 
 The heads a recipe may name, and the options each takes, are the heads' own declarations: a head
 whose module has `new_head(context, *, options...)` is trainable, its keyword arguments are its
-options, and its module's `check_options` validates them (`drafters.heads.trainable_heads`).
+options, and its module's `check_options` validates them (`drafters.head_table.trainable_heads`).
 
 Objectives with heads (`losses.HEAD_LOSSES`): `dspark_heads` (needs the target's logits, so online
 features), `domino` ((1 − λ)·CE_final + λ·CE_base, λ from `schedule.domino_lambda` by the recipe's
@@ -29,7 +29,8 @@ import torch
 from ..checkpoints import attach_saved_heads
 from ..config import ConfigError
 from ..drafters.headed import HeadedDrafter
-from ..drafters.heads import HeadContext, ScoringHead, head_module, new_head, trainable_heads
+from ..drafters.head_table import head_module, new_head, trainable_heads
+from ..drafters.heads import HeadContext, ScoringHead
 from ..drafters.pruning import Pruning
 from ..losses import HEAD_LOSSES, reads
 from .schedule import domino_lambda
