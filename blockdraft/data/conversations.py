@@ -69,6 +69,12 @@ def load_conversations(path: str | os.PathLike) -> list[list[Message]]:
     """Every non-empty conversation of a regen/ShareGPT JSONL or JSON-list file, roles normalised to
     system/user/assistant: a list of conversations, each a list of {"role", "content"} (plus
     "truncated": True on a last answer that regen cut at max_new_tokens)."""
+    return load_conversation_records(path)[1]
+
+
+def load_conversation_records(path: str | os.PathLike) -> tuple[list[str], list[list[Message]]]:
+    """(ids, conversations) of `load_conversations`: a conversation's id is its row's "id" when every
+    non-empty row has a distinct one (ShareGPT's), else "row-<n>" (its row number in the file, from 0)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConversationError(f"{path} {why_not_a_file(path)}; pass the JSONL "
@@ -76,17 +82,21 @@ def load_conversations(path: str | os.PathLike) -> list[list[Message]]:
     text = read_text(path, what="conversations file")
     is_array = text.lstrip().startswith("[")
     records = _array_records(text, path) if is_array else _jsonl_records(text, path)
-    conversations, empty = [], 0
-    for where, record in records:
+    conversations, ids, empty = [], [], 0
+    for row, (where, record) in enumerate(records):
         messages = _messages(record, f"{path} {where}")
         if messages:
             conversations.append(messages)
+            ids.append((record.get("id"), f"row-{row}"))
         else:
             empty += 1
     if not conversations:
         raise ConversationError(f"{path} holds no conversations ({empty} rows with an empty list); each row needs a "
                                 f"'conversations' list of {{role, content}} or {{from, value}} messages")
-    return conversations
+    own = [str(given) for given, _ in ids if isinstance(given, (str, int)) and not isinstance(given, bool)]
+    if len(own) == len(ids) and len(set(own)) == len(own):
+        return own, conversations
+    return [row for _, row in ids], conversations
 
 
 def _jsonl_records(text: str, path: Path) -> Iterator[tuple[str, object]]:
@@ -271,6 +281,12 @@ def token_fingerprint(items: Sequence[TokenizedConversation]) -> str:
     return digest.hexdigest()[:32]
 
 
+def sequence_hash(item: TokenizedConversation) -> str:
+    """A short hash of one sequence's token ids: a feature cache's row range is checked against it."""
+    ids = item.input_ids.to(torch.int64).contiguous()
+    return hashlib.sha256(len(ids).to_bytes(8, "little") + ids.numpy().tobytes()).hexdigest()[:16]
+
+
 def shuffled_indices(count: int, *, epoch: int, seed: int) -> list[int]:
     """A permutation of range(count), the same for the same (seed, epoch) on every process."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
@@ -293,8 +309,8 @@ class TokenizedDataset(Sequence[TokenizedConversation]):
         self.dropped = {"template": 0, "no_assistant_tokens": 0, "too_short": 0, "no_anchor": 0}
         self.truncated = 0
         first_template_error = None
-        items = []
-        for messages in conversations:
+        items, sources = [], []
+        for position, messages in enumerate(conversations):
             try:
                 item = tokenize_conversation(tokenizer, messages, max_length=max_length)
             except TemplateError as err:
@@ -307,7 +323,9 @@ class TokenizedDataset(Sequence[TokenizedConversation]):
                 continue
             self.truncated += int(len(item) == max_length)
             items.append(item)
+            sources.append(position)
         self.items: list[TokenizedConversation] = items
+        self.sources: list[int] = sources  # item j is conversation sources[j] of the given ones
         self.indices: list[int] = list(range(len(items)))
         self.source_size = len(items)
         name = source if isinstance(source, (str, os.PathLike)) else "the given conversations"
@@ -343,6 +361,7 @@ class TokenizedDataset(Sequence[TokenizedConversation]):
         view.__dict__.update(parent.__dict__)
         view.items = [parent.items[p] for p in positions]
         view.indices = [parent.indices[p] for p in positions]
+        view.sources = [parent.sources[p] for p in positions]
         return view
 
     def subset(self, positions: Sequence[int]) -> "TokenizedDataset":

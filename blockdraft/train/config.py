@@ -121,6 +121,10 @@ class TrainConfig:
     # train on at most this many of the remaining conversations (a seeded subset; a smaller subset is
     # contained in a larger one and the held-out set does not change): data-size studies on one file
     train_conversations: int | None = None
+    # a split file (data/split.py) fixing the held-out conversations by id and the training order, written
+    # on first use from `data` and `heldout`: held out in every run that names it, whatever its max_length
+    # or seed; `train_conversations` takes the first N of its order (data-size studies, one growing cache)
+    split: str | None = None
     eval_every: int = 100
     eval_anchors: int = 64
     # bookkeeping
@@ -139,6 +143,9 @@ class TrainConfig:
             raise ConfigError(f"unknown objective {self.objective!r}; choose one of "
                               f"{sorted(LOSSES) + list(HEAD_OBJECTIVES)}")
         object.__setattr__(self, "heads", normalise_heads(self.heads))
+        if self.split is not None and self.heldout < 1:
+            raise ConfigError(f"split={self.split} fixes the held-out conversations: give their number as heldout=N "
+                              "(written into a new split file, checked against an existing one)")
         legacy = {"variant": domino_variant, "lambda_start": domino_lambda_start, "lambda_end": domino_lambda_end,
                   "anneal_ratio": domino_anneal_ratio}
         object.__setattr__(self, "objective_options", resolve_objective_options(
@@ -264,7 +271,7 @@ class TrainConfig:
         things live (the run folder, the data file, the feature cache): a moved run folder resumes, and
         the data is matched by its content (`check_same_data`), not its path."""
         free = {"max_steps", "save_every", "log_every", "keep_checkpoints", "device", "threads", "eval_every",
-                "eval_anchors", "out_dir", "data", "feature_cache"}
+                "eval_anchors", "out_dir", "data", "feature_cache", "split"}
         # Fields added after runs were already saved are left out at their defaults, so those runs resume.
         later = {"labels": "regenerated", "objective_terms": None, "cache_topk": None, "intermediate_size": None}
         key = {k: v for k, v in self.to_dict().items() if k not in free and not (k in later and v == later[k])}

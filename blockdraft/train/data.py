@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from ..config import ConfigError
 from ..data.conversations import TokenizedDataset
+from ..data.split import fixed_split, split_dataset
 from ..losses import reads
 from ..runs import find_data
 from ..target import Target
@@ -51,6 +52,19 @@ def split_conversations(dataset, config: TrainConfig):
             [position[i] for i in heldout])
 
 
+def run_dataset(config: TrainConfig, tokenizer):
+    """(data set, training positions, held-out positions) the run reads: from its split file (`split=`:
+    held-out conversations fixed by id first, then the first `train_conversations` of its order), else
+    `split_conversations` over the whole file."""
+    if config.split is not None:
+        split, by_id = fixed_split(config.split, find_data(config.data), heldout=config.heldout)
+        return split_dataset(split, by_id, tokenizer, train_conversations=config.train_conversations,
+                             max_length=config.max_length, min_length=config.block_size + 1)
+    dataset = TokenizedDataset(find_data(config.data), tokenizer, max_length=config.max_length,
+                               min_length=config.block_size + 1)
+    return split_conversations(dataset, config)
+
+
 class TrainingData:
     """Tokenised conversations plus their target features, online or from the cache."""
 
@@ -58,9 +72,7 @@ class TrainingData:
                  features_deadline: float | None = None):
         if target.tokenizer is None:
             raise ConfigError(f"target {config.target} has no tokenizer: training needs it to template conversations")
-        dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
-                                   min_length=config.block_size + 1)
-        self.dataset, self.train_ids, self.heldout = split_conversations(dataset, config)
+        self.dataset, self.train_ids, self.heldout = run_dataset(config, target.tokenizer)
         self.target = target
         self.layer_ids = layer_ids
         names = set(config.loss_names())

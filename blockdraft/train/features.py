@@ -24,6 +24,7 @@ sequence and a finished cache is marked complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -38,8 +39,8 @@ import torch
 from tqdm import tqdm
 
 from ..config import ConfigError
-from ..data.conversations import TokenizedConversation, TokenizedDataset, fingerprint_of
-from ..files import human_bytes, write_json_atomic
+from ..data.conversations import TokenizedConversation, TokenizedDataset, fingerprint_of, sequence_hash
+from ..files import folder_lock, human_bytes, write_json_atomic
 
 FORMAT = "blockdraft-features/1"
 INDEX_FILE, DATA_FILE = "index.json", "features.bin"
@@ -48,6 +49,8 @@ STORAGE = {torch.bfloat16: ("bfloat16", np.uint16), torch.float16: ("float16", n
            torch.float32: ("float32", np.float32)}  # torch dtype -> (name in the index, numpy storage)
 TORCH_DTYPES = {name: dtype for dtype, (name, _) in STORAGE.items()}
 DISK_MARGIN_BYTES = 64 << 20
+FEATURES_LOCK = ".features.lock"  # held by the one process writing a cache folder
+PROBE_TOKENS, REPORT_SECONDS = 4096, 600  # the pass states its rate after this many tokens, then this often
 LOGPROB_STORAGE = {torch.float16: ("float16", np.float16), torch.float32: ("float32", np.float32)}
 LOGPROB_DTYPES = {name: dtype for dtype, (name, _) in LOGPROB_STORAGE.items()}
 # Fields that must match for a resumed run to append to an existing cache (`topk` 0 = no log-probs;
@@ -59,6 +62,10 @@ _ABSENT = {"topk": 0, "logprob_dtype": None, "target_shape": None}
 
 class FeatureCacheError(ConfigError):
     """A feature cache that cannot be written or used as asked; the message says what to do."""
+
+
+class FeatureCacheDiskError(FeatureCacheError):
+    """The disk cannot hold what a feature pass would write; refused before any of it is written."""
 
 
 def _read_index(out_dir: Path) -> dict | None:
@@ -76,8 +83,8 @@ def _write_index(out_dir: Path, index: dict) -> None:
     write_json_atomic(out_dir / INDEX_FILE, index, fsync=True)
 
 
-def _check_identity(index: dict, expected: dict, out_dir: Path) -> None:
-    for key in IDENTITY:
+def _check_identity(index: dict, expected: dict, out_dir: Path, keys: Sequence[str] = IDENTITY) -> None:
+    for key in keys:
         have = index.get(key, _ABSENT.get(key))
         if key == "target_shape" and have is None:
             continue  # an index from before target shapes were recorded: the name still has to match
@@ -139,22 +146,8 @@ def _is_subset(layer_ids: Sequence[int], cached: Sequence[int] | None) -> bool:
     return cached is not None and all(int(layer) in cached for layer in layer_ids)
 
 
-def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: Sequence[int],
-                   out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, topk: int = 0,
-                   logprob_dtype: torch.dtype = torch.float16, flush_seconds: float = 10.0,
-                   progress: bool = True, deadline: float | None = None) -> "FeatureCache":
-    """Run `target` once over each sequence of `dataset` and store the features of `layer_ids`
-    (DFlash's convention: layer l = hidden_states[l + 1]) in `out_dir`; resume an interrupted run there.
-    With `topk` = k > 0 also store the target's top-k next-token log-probabilities and tail at every
-    position (module doc).
-
-    dataset[i].input_ids (S_i,) -> rows offsets[i] : offsets[i] + S_i of the (total_tokens, F) file.
-    Returns the finished cache, opened read-only.
-
-    `deadline` (a `time.monotonic()` value) stops before a sequence that this run's rate says would end
-    after it, once the cache holds at least one: the cache is returned unfinished (`complete` False,
-    the first `done` sequences readable) and a later call resumes it.
-    """
+def _check_arguments(target, dataset: Sequence[TokenizedConversation], dtype: torch.dtype, topk: int,
+                     logprob_dtype: torch.dtype) -> None:
     if dtype not in STORAGE:
         raise FeatureCacheError(f"cannot store features as {dtype}; use torch.bfloat16, torch.float16 or torch.float32")
     if logprob_dtype not in LOGPROB_STORAGE:
@@ -169,130 +162,248 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
     if isinstance(dataset, TokenizedDataset) and dataset.is_shard:
         raise FeatureCacheError("cache the whole data set once, not a shard; ranks read their rows with "
                                 "cache.features(shard.indices[j])")
-    layer_ids = [int(layer) for layer in layer_ids]
-    target.check_layer_ids(layer_ids)
-    dtype_name, storage = STORAGE[dtype]
-    lengths = [len(item.input_ids) for item in dataset]
-    if not lengths or min(lengths) < 1:
+    if not len(dataset) or min(len(item.input_ids) for item in dataset) < 1:
         raise FeatureCacheError("the data set is empty or holds an empty sequence; nothing to cache")
     if topk and not any(int(item.loss_mask.sum()) for item in dataset):
         raise FeatureCacheError("the data set has no assistant tokens: nothing in it would be labelled from the "
                                 "target's log-probabilities; check the file's assistant turns and max_length")
+
+
+def _header(target, dataset: Sequence[TokenizedConversation], layer_ids: list[int], dtype: torch.dtype, topk: int,
+            logprob_dtype: torch.dtype) -> dict:
+    """What an index says about the data (sequence lengths, offsets, per-sequence hashes) and its rows."""
+    lengths = [len(item.input_ids) for item in dataset]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # (n + 1,)
-    total_tokens, width = offsets[-1], len(layer_ids) * target.hidden_size
-    header = {"format": FORMAT, "target": target.name, "target_shape": target_shape(target), "layer_ids": layer_ids,
-              "hidden_size": target.hidden_size, "num_features": width, "dtype": dtype_name, "topk": topk,
-              "logprob_dtype": LOGPROB_STORAGE[logprob_dtype][0] if topk else None,
-              "fingerprint": fingerprint_of(dataset), "num_sequences": len(lengths), "total_tokens": total_tokens,
-              "lengths": lengths, "offsets": offsets}
+    return {"format": FORMAT, "target": target.name, "target_shape": target_shape(target), "layer_ids": layer_ids,
+            "hidden_size": target.hidden_size, "num_features": len(layer_ids) * target.hidden_size,
+            "dtype": STORAGE[dtype][0], "topk": topk,
+            "logprob_dtype": LOGPROB_STORAGE[logprob_dtype][0] if topk else None,
+            "fingerprint": fingerprint_of(dataset), "num_sequences": len(lengths), "total_tokens": offsets[-1],
+            "lengths": lengths, "offsets": offsets, "sequence_hashes": [sequence_hash(item) for item in dataset]}
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _files(index: dict) -> dict[str, tuple[type, int]]:
+    """file name -> (numpy storage, columns) of a cache described by `index`."""
+    files = {DATA_FILE: (STORAGE[TORCH_DTYPES[index["dtype"]]][1], index["num_features"])}
+    if index.get("topk"):
+        files.update({TOPK_IDS_FILE: (np.int32, index["topk"]),
+                      TOPK_LOGPROBS_FILE: (LOGPROB_STORAGE[LOGPROB_DTYPES[index["logprob_dtype"]]][1],
+                                           index["topk"] + 1)})
+    return files
+
+
+def _grow_files(out_dir: Path, index: dict) -> None:
+    """Size every file for the index's rows: new files are created sparse, shorter ones extended (sparse);
+    rows already written keep their offsets, so a cache grows by appending sequences."""
+    for name, (kind, columns) in _files(index).items():
+        path, want = out_dir / name, index["total_tokens"] * columns * np.dtype(kind).itemsize
+        if not path.exists() and index.get("done", 0):
+            raise FeatureCacheError(f"{path} is missing but its index says {index['done']} sequences are written; "
+                                    f"delete {out_dir} and cache again")
+        with open(path, "ab") as stream:
+            if stream.tell() < want:
+                stream.truncate(want)
+
+
+def _check_prefix(index: dict, header: dict, out_dir: Path) -> None:
+    """Refuse a data set that is not a prefix of the cache's sequences and does not extend them."""
+    cached, wanted = index["sequence_hashes"], header["sequence_hashes"]
+    common = min(len(cached), len(wanted))
+    if cached[:common] != wanted[:common]:
+        first = next(j for j in range(common) if cached[j] != wanted[j])
+        raise FeatureCacheError(f"{out_dir} holds other sequences (fingerprint {index['fingerprint']}) than this data "
+                                f"set (fingerprint {header['fingerprint']}), from sequence {first} on: another data "
+                                f"file, split, max_length or tokenizer; use another folder or delete this one (nothing "
+                                f"was overwritten)")
+
+
+def _open_index(out_dir: Path, header: dict) -> tuple[dict, bool]:
+    """(the index to write into, whether it is new or grows): new, the existing one (same data, or one that
+    this data set's sequences start with: a prefix is served, a longer data set extends the cache), refused
+    for anything else. Nothing is written here."""
     index = _read_index(out_dir)
-    if index is not None and index.get("complete") and _is_subset(layer_ids, index.get("layer_ids")) \
-            and (index.get("topk", 0) >= topk > 0 or topk == 0):
-        # A finished cache of more layers (or more log-probs) serves any subset of them (the lever study
-        # reads one cache); features-only runs read a cache with log-probs too.
-        _check_identity(index, {**header, "layer_ids": index["layer_ids"], "topk": index.get("topk", 0),
-                                "logprob_dtype": index.get("logprob_dtype")}, out_dir)
-        print(f"features: {out_dir} is complete and holds layers {index['layer_ids']}"
-              f"{', top-%d log-probs' % index['topk'] if index.get('topk') else ''}; reading {layer_ids}"
-              f"{', top-%d' % topk if topk else ''}", file=sys.stderr)
-        return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
-    if index is not None:
-        _check_identity(index, header, out_dir)
-        if index["complete"]:
-            print(f"features: {out_dir} is already complete ({len(lengths)} sequences)", file=sys.stderr)
-            return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
-    done = index["done"] if index is not None else 0
-
-    lp_storage = LOGPROB_STORAGE[logprob_dtype][1]
-    per_token = bytes_per_token(width, dtype, topk, logprob_dtype)
-    total_bytes = total_tokens * per_token
-    remaining = (total_tokens - offsets[done]) * per_token
-    free = shutil.disk_usage(out_dir).free
-    logprob_text = (f" + top-{topk} log-probs ({topk} x 4 id bytes + {topk + 1} x {np.dtype(lp_storage).itemsize} "
-                    f"bytes)" if topk else "")
-    print(f"features: {len(layer_ids)} layers x {target.hidden_size} hidden x {np.dtype(storage).itemsize} bytes"
-          f"{logprob_text} = {per_token:,} bytes per token; {total_tokens:,} tokens in {len(lengths)} sequences -> "
-          f"{human_bytes(total_bytes)} in {out_dir} ({human_bytes(remaining)} still to write, "
-          f"{human_bytes(free)} free)")
-    if remaining + DISK_MARGIN_BYTES > free:
-        raise FeatureCacheError(f"not enough free disk for the feature cache: it needs {human_bytes(remaining)} more "
-                                f"and {out_dir} has {human_bytes(free)} free; free space, use fewer layer ids, a "
-                                f"smaller topk or a shorter max_length, or train with online features")
-
-    files = {DATA_FILE: (storage, width)}
-    if topk:
-        files.update({TOPK_IDS_FILE: (np.int32, topk), TOPK_LOGPROBS_FILE: (lp_storage, topk + 1)})
     if index is None:
-        for name, (kind, columns) in files.items():
-            with open(out_dir / name, "wb") as stream:
-                stream.truncate(total_tokens * columns * np.dtype(kind).itemsize)  # sparse until written
-        index = {**header, "done": 0, "complete": False}
-        _write_index(out_dir, index)
-    for name, (kind, columns) in files.items():
-        path = out_dir / name
-        if not path.exists() or path.stat().st_size != total_tokens * columns * np.dtype(kind).itemsize:
-            raise FeatureCacheError(f"{path} is missing or has the wrong size for its index; delete {out_dir} "
-                                    f"and cache again")
-    maps = {name: np.memmap(out_dir / name, dtype=kind, mode="r+", shape=(total_tokens, columns))
+        return {**header, "done": 0, "complete": False}, True
+    if "sequence_hashes" not in index:  # written before caches could grow: the data must be the same
+        _check_identity(index, header, out_dir)
+        return index, False
+    _check_identity(index, header, out_dir, keys=[k for k in IDENTITY if k not in ("fingerprint", "lengths")])
+    _check_prefix(index, header, out_dir)
+    if header["num_sequences"] <= index["num_sequences"]:
+        return index, False
+    print(f"features: {out_dir} grows from {index['num_sequences']} sequences ({index['done']} written) to "
+          f"{header['num_sequences']}", file=sys.stderr)
+    grown = {key: header[key] for key in ("fingerprint", "num_sequences", "total_tokens", "lengths", "offsets",
+                                          "sequence_hashes")}
+    return {**index, **grown, "complete": False}, True
+
+
+def _state_the_cost(index: dict, need: int, out_dir: Path) -> None:
+    """Print what the pass will write and refuse (FeatureCacheDiskError) when the disk cannot hold it."""
+    dtype, topk = TORCH_DTYPES[index["dtype"]], index.get("topk", 0)
+    logprob_dtype = LOGPROB_DTYPES[index["logprob_dtype"]] if topk else torch.float16
+    per_token = bytes_per_token(index["num_features"], dtype, topk, logprob_dtype)
+    offsets, done = index["offsets"], index["done"]
+    remaining = (offsets[need] - offsets[done]) * per_token
+    free = shutil.disk_usage(out_dir).free
+    logprob_text = (f" + top-{topk} log-probs ({topk} x 4 id bytes + {topk + 1} x "
+                    f"{np.dtype(LOGPROB_STORAGE[logprob_dtype][1]).itemsize} bytes)" if topk else "")
+    print(f"features: {len(index['layer_ids'])} layers x {index['hidden_size']} hidden x "
+          f"{np.dtype(STORAGE[dtype][1]).itemsize} bytes{logprob_text} = {per_token:,} bytes per token; "
+          f"{offsets[need]:,} tokens in {need} sequences -> {human_bytes(offsets[need] * per_token)} in {out_dir} "
+          f"({done} sequences written, {human_bytes(remaining)} still to write, {human_bytes(free)} free)", flush=True)
+    if remaining + DISK_MARGIN_BYTES > free:
+        raise FeatureCacheDiskError(f"not enough free disk for the feature cache: it needs {human_bytes(remaining)} "
+                                    f"more and {out_dir} has {human_bytes(free)} free; free space, use fewer "
+                                    f"conversations, layer ids, a smaller topk or a shorter max_length, or train "
+                                    f"with online features")
+
+
+@dataclass
+class _Pass:
+    """Progress of one feature pass: sequences flushed, tokens and time spent in this process."""
+
+    done: int
+    new_tokens: int = 0
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    started_cpu: float = dataclasses.field(default_factory=time.process_time)
+    reported: float = dataclasses.field(default_factory=time.monotonic)
+    probed: bool = False
+
+    def rate(self) -> float:
+        return self.new_tokens / max(time.monotonic() - self.started, 1e-9)
+
+
+def _report(state: _Pass, index: dict, need: int, *, final: bool = False) -> None:
+    """The probe (after the first PROBE_TOKENS tokens: the rate and what the rest will take at it), then a
+    line every REPORT_SECONDS and at the end. Wall time includes any pause (SIGSTOP) of the process;
+    CPU seconds do not."""
+    now = time.monotonic()
+    probe = not state.probed and state.new_tokens >= PROBE_TOKENS
+    if not (final or probe or now - state.reported >= REPORT_SECONDS) or not state.new_tokens:
+        return
+    state.probed, state.reported = state.probed or probe, now
+    left = index["offsets"][need] - index["offsets"][state.done]
+    wall, cpu = now - state.started, time.process_time() - state.started_cpu
+    print(f"features: {'probe: ' if probe else ''}{state.done} of {need} sequences; this run {state.new_tokens:,} "
+          f"tokens in {wall:.0f} s wall ({cpu:.0f} s CPU) = {state.rate():.1f} tok/s; {left:,} tokens left"
+          + (f", about {left / state.rate() / 3600:.2f} h at this rate" if left else ""), file=sys.stderr, flush=True)
+
+
+def _compute(target, item: TokenizedConversation, layer_ids: list[int], dtype: torch.dtype, topk: int):
+    """One sequence's rows: {file name: (S, columns) array}. The online path's own call, so cached features
+    equal online ones up to the storage dtype."""
+    input_ids = item.input_ids.to(target.device)[None]  # (1, S)
+    out = target.features(input_ids, layer_ids, with_logits=True) if topk else target.features(input_ids, layer_ids)
+    features = out.features[0].to(dtype).contiguous()  # (S, F)
+    if dtype == torch.bfloat16:
+        features = features.view(torch.uint16)  # numpy has no bf16: store the raw bits
+    rows = {DATA_FILE: features.cpu().numpy()}
+    if topk:
+        ids, log_probs = topk_log_probs(out.logits[0], topk)  # (S, k), (S, k + 1)
+        rows[TOPK_IDS_FILE] = ids.to(torch.int32).cpu().numpy()
+        rows[TOPK_LOGPROBS_FILE] = log_probs.cpu().numpy()
+    return rows
+
+
+def _write_sequences(target, dataset, layer_ids: list[int], out_dir: Path, index: dict, need: int, *,
+                     flush_seconds: float, progress: bool, deadline: float | None) -> bool:
+    """Compute and store sequences index["done"] .. need - 1, flushing the rows, then the index, every
+    `flush_seconds`; returns whether `deadline` stopped the pass first."""
+    files = _files(index)
+    maps = {name: np.memmap(out_dir / name, dtype=kind, mode="r+", shape=(index["total_tokens"], columns))
             for name, (kind, columns) in files.items()}
+    state, offsets, dtype = _Pass(done=index["done"]), index["offsets"], TORCH_DTYPES[index["dtype"]]
 
     def flush() -> None:
         for rows in maps.values():
             rows.flush()  # the rows reach the disk before the index says they are there
-        index["done"] = done
+        index["done"] = state.done
         _write_index(out_dir, index)
 
-    bar = tqdm(total=len(lengths), initial=done, desc="features", unit="seq", disable=not progress)
-    last_flush, started, new_tokens = time.monotonic(), time.monotonic(), 0
-    out_of_time = False
+    bar = tqdm(total=need, initial=state.done, desc="features", unit="seq", disable=not progress)
+    last_flush, out_of_time = time.monotonic(), False
     try:
-        for i in range(done, len(lengths)):
-            if deadline is not None and done > 0:
-                rate = new_tokens / max(time.monotonic() - started, 1e-9)  # this run's tokens per second
-                if time.monotonic() + (lengths[i] / rate if new_tokens else 0.0) > deadline:
-                    out_of_time = True
-                    break
-            input_ids = dataset[i].input_ids.to(target.device)[None]  # (1, S_i)
-            rows = slice(offsets[i], offsets[i + 1])
-            # The online path's own call, so cached features equal online ones up to the storage dtype.
-            out = target.features(input_ids, layer_ids, with_logits=True) if topk else \
-                target.features(input_ids, layer_ids)
-            features = out.features[0].to(dtype).contiguous()  # (S_i, F)
-            if dtype == torch.bfloat16:
-                features = features.view(torch.uint16)  # numpy has no bf16: store the raw bits
-            maps[DATA_FILE][rows] = features.cpu().numpy()
-            if topk:
-                ids, log_probs = topk_log_probs(out.logits[0], topk)  # (S_i, k), (S_i, k + 1)
-                maps[TOPK_IDS_FILE][rows] = ids.to(torch.int32).cpu().numpy()
-                maps[TOPK_LOGPROBS_FILE][rows] = log_probs.cpu().numpy().astype(lp_storage)
-            done = i + 1
-            new_tokens += lengths[i]
+        for i in range(state.done, need):
+            length = offsets[i + 1] - offsets[i]
+            if deadline is not None and state.done > 0 and \
+                    time.monotonic() + (length / state.rate() if state.new_tokens else 0.0) > deadline:
+                out_of_time = True
+                break
+            for name, rows in _compute(target, dataset[i], layer_ids, dtype, index.get("topk", 0)).items():
+                maps[name][offsets[i]:offsets[i + 1]] = rows.astype(files[name][0], copy=False)
+            state.done, state.new_tokens = i + 1, state.new_tokens + length
             bar.update(1)
-            bar.set_postfix(tok_s=f"{new_tokens / max(time.monotonic() - started, 1e-9):.0f}")
+            bar.set_postfix(tok_s=f"{state.rate():.0f}")
+            _report(state, index, need)
             if time.monotonic() - last_flush >= flush_seconds:
                 flush()
                 last_flush = time.monotonic()
     finally:
-        if done > index["done"]:
+        if state.done > index["done"]:
             flush()  # an interrupted run keeps every sequence it finished
         bar.close()
-    elapsed = time.monotonic() - started
-    if new_tokens:
-        print(f"features: {new_tokens:,} tokens in {elapsed:.1f} s = {new_tokens / max(elapsed, 1e-9):.1f} tok/s",
-              file=sys.stderr)
-    if out_of_time:
-        print(f"features: out of time after {done} of {len(lengths)} sequences ({offsets[done]:,} tokens); the "
-              f"cache serves those, and the same call resumes it", file=sys.stderr)
         del maps
-        return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target,
-                            allow_incomplete=True)
-    index["complete"] = True
-    _write_index(out_dir, index)
-    del maps
-    return FeatureCache(out_dir, layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
+    _report(state, index, need, final=True)
+    return out_of_time
+
+
+def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: Sequence[int],
+                   out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16, topk: int = 0,
+                   logprob_dtype: torch.dtype = torch.float16, flush_seconds: float = 10.0,
+                   progress: bool = True, deadline: float | None = None) -> "FeatureCache":
+    """Run `target` once over each sequence of `dataset` and store the features of `layer_ids`
+    (DFlash's convention: layer l = hidden_states[l + 1]) in `out_dir`; resume an interrupted run there.
+    With `topk` = k > 0 also store the target's top-k next-token log-probabilities and tail at every
+    position (module doc).
+
+    dataset[i].input_ids (S_i,) -> rows offsets[i] : offsets[i] + S_i of the (total_tokens, F) file.
+    A cache is an ordered list of sequences: a data set its sequences start with is served from it (and
+    written up to its end first, if the cache is not that far yet); a data set that starts with the cache's
+    sequences extends it. Returns the cache of `dataset`, opened read-only.
+
+    `deadline` (a `time.monotonic()` value) stops before a sequence that this run's rate says would end
+    after it, once the cache holds at least one: the cache is returned unfinished (`complete` False,
+    the first `done` sequences readable) and a later call resumes it.
+    """
+    _check_arguments(target, dataset, dtype, topk, logprob_dtype)
+    layer_ids = [int(layer) for layer in layer_ids]
+    target.check_layer_ids(layer_ids)
+    header = _header(target, dataset, layer_ids, dtype, topk, logprob_dtype)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    opened = dict(layer_ids=layer_ids, dataset=dataset, topk=topk, target=target)
+    index = _read_index(out_dir)
+    if index is not None and index["layer_ids"] != layer_ids and _is_subset(layer_ids, index["layer_ids"]) \
+            or index is not None and index.get("topk", 0) > topk and index["layer_ids"] == layer_ids:
+        # A cache of more layers (or more log-probs) serves any subset of them (the lever study reads one
+        # cache); features-only runs read a cache with log-probs too. It is read, never written here.
+        print(f"features: {out_dir} holds layers {index['layer_ids']}"
+              f"{', top-%d log-probs' % index['topk'] if index.get('topk') else ''}; reading {layer_ids}"
+              f"{', top-%d' % topk if topk else ''}", file=sys.stderr)
+        return FeatureCache(out_dir, **opened)
+    with folder_lock(out_dir / FEATURES_LOCK, what=f"the feature cache {out_dir}", wait=False):
+        index, changed = _open_index(out_dir, header)
+        need = len(dataset)
+        if index["done"] >= need:
+            print(f"features: {out_dir} holds the {need} sequences of this data set"
+                  f"{'' if index['complete'] else ' (and grows beyond them)'}", file=sys.stderr)
+            return FeatureCache(out_dir, **opened)
+        _state_the_cost(index, need, out_dir)
+        if changed:
+            _grow_files(out_dir, index)  # before the index that describes the rows
+            _write_index(out_dir, index)
+        out_of_time = _write_sequences(target, dataset, layer_ids, out_dir, index, need, flush_seconds=flush_seconds,
+                                       progress=progress, deadline=deadline)
+        if out_of_time:
+            print(f"features: out of time after {index['done']} of {need} sequences "
+                  f"({index['offsets'][index['done']]:,} tokens); the cache serves those, and the same call resumes "
+                  f"it", file=sys.stderr)
+            return FeatureCache(out_dir, **opened, allow_incomplete=True)
+        if index["done"] == index["num_sequences"]:
+            index["complete"] = True
+            _write_index(out_dir, index)
+    return FeatureCache(out_dir, **opened)
 
 
 @dataclass(frozen=True)
@@ -338,9 +449,6 @@ class FeatureCache:
         if index is None or index.get("format") != FORMAT:
             raise FeatureCacheError(f"{self.out_dir} holds no feature cache ({INDEX_FILE} missing or of another "
                                     f"format); build one with cache_features")
-        if not index["complete"] and not allow_incomplete:
-            raise FeatureCacheError(f"{self.out_dir} is unfinished ({index['done']} of {index['num_sequences']} "
-                                    f"sequences); run cache_features again with the same arguments to resume it")
         if target is not None:
             shape = index.get("target_shape")
             if index["target"] != target.name or (shape is not None and shape != target_shape(target)):
@@ -356,10 +464,11 @@ class FeatureCache:
             hidden = index["hidden_size"]
             self.columns = torch.cat([torch.arange(hidden) + index["layer_ids"].index(int(layer)) * hidden
                                       for layer in layer_ids])
-        if dataset is not None and fingerprint_of(dataset) != index["fingerprint"]:
-            raise FeatureCacheError(f"{self.out_dir} was cached for another data set (fingerprint "
-                                    f"{index['fingerprint']}, this one {fingerprint_of(dataset)}): the tokenizer, "
-                                    f"max_length or data file differ; cache the features again")
+        served = self._served(index, dataset)
+        written = index["num_sequences"] if index["complete"] else index["done"]
+        if written < served and not allow_incomplete:
+            raise FeatureCacheError(f"{self.out_dir} is unfinished ({written} of the {served} sequences read here); "
+                                    f"run cache_features again with the same arguments to resume it")
         self.cached_topk: int = int(index.get("topk", 0))
         if topk > self.cached_topk:
             what = "without the target's log-probabilities" if not self.cached_topk else \
@@ -375,16 +484,11 @@ class FeatureCache:
         self.num_features: int = len(self.layer_ids) * self.hidden_size
         self.dtype: torch.dtype = TORCH_DTYPES[index["dtype"]]
         self.target_name: str = index["target"]
-        self.lengths: list[int] = index["lengths"]
-        self.offsets: list[int] = index["offsets"]
-        self.done: int = index["done"] if not index["complete"] else len(self.lengths)
-        files = {DATA_FILE: (STORAGE[self.dtype][1], index["num_features"])}
-        if self.cached_topk:
-            files.update({TOPK_IDS_FILE: (np.int32, self.cached_topk),
-                          TOPK_LOGPROBS_FILE: (LOGPROB_STORAGE[LOGPROB_DTYPES[index["logprob_dtype"]]][1],
-                                               self.cached_topk + 1)})
+        self.lengths: list[int] = index["lengths"][:served]
+        self.offsets: list[int] = index["offsets"][:served + 1]
+        self.done: int = min(written, served)
         self._maps = {}
-        for name, (kind, columns) in files.items():
+        for name, (kind, columns) in _files(index).items():
             path = self.out_dir / name
             want = index["total_tokens"] * columns * np.dtype(kind).itemsize
             have = path.stat().st_size if path.is_file() else 0
@@ -395,6 +499,21 @@ class FeatureCache:
             # changes only this process's copy, never the file.
             self._maps[name] = np.memmap(path, dtype=kind, mode="c", shape=(index["total_tokens"], columns))
         self._rows = self._maps[DATA_FILE]
+
+    def _served(self, index: dict, dataset: Sequence[TokenizedConversation] | None) -> int:
+        """How many of the cache's sequences this reader serves: all, or the data set's, which must be the
+        cache's first ones (the same sequences when the index has no per-sequence hashes)."""
+        if dataset is None:
+            return index["num_sequences"]
+        if "sequence_hashes" in index:
+            hashes = [sequence_hash(item) for item in dataset]
+            if hashes == index["sequence_hashes"][:len(hashes)]:
+                return len(hashes)
+        elif fingerprint_of(dataset) == index["fingerprint"]:
+            return index["num_sequences"]
+        raise FeatureCacheError(f"{self.out_dir} was cached for another data set (fingerprint "
+                                f"{index['fingerprint']}, this one {fingerprint_of(dataset)}): the tokenizer, "
+                                f"max_length or data file differ; cache the features again")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -425,6 +544,11 @@ class FeatureCache:
                                     f"again with topk > 0")
         span = self._span(i)
         ids = torch.from_numpy(np.asarray(self._maps[TOPK_IDS_FILE][span])).long()[:, :self.topk_size]
+        vocab = (self.index.get("target_shape") or {}).get("vocab_size")
+        if ids.numel() and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
+            raise FeatureCacheError(f"{self.out_dir / TOPK_IDS_FILE} holds token ids outside the target's vocabulary "
+                                    f"[0, {vocab}) in sequence {i}: the cache is damaged; delete {self.out_dir} "
+                                    "and cache the features again")
         log_probs = torch.from_numpy(np.asarray(self._maps[TOPK_LOGPROBS_FILE][span], dtype=np.float32))
         top, tail = _narrow(log_probs, self.topk_size)
         return TopKRows(ids.contiguous(), top.contiguous(), tail.contiguous())

@@ -24,7 +24,7 @@ from ..data.conversations import TokenizedDataset
 from ..runs import default_cache_dir, default_run_dir, find_data
 from ..target import load_target, pick_device
 from .config import DEFAULT_CACHE_TOPK, TrainConfig
-from .data import split_conversations
+from .data import run_dataset
 from .features import cache_features
 from .labels import greedy_at_positions, prefix_consistency_report
 
@@ -52,10 +52,11 @@ def build_cache(config: TrainConfig, *, out: str | None = None, logprob_dtype: t
     target = load_target(config.target, dtype=config.target_dtype, device=device)
     if target.tokenizer is None:
         raise ConfigError(f"target {config.target} has no tokenizer: caching needs it to template conversations")
-    dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
-                               min_length=config.block_size + 1)
-    if from_recipe:  # the conversations the recipe's run reads (train_conversations narrows them)
-        dataset = split_conversations(dataset, config)[0]
+    if from_recipe:  # the conversations the recipe's run reads (train_conversations / split narrow them)
+        dataset = run_dataset(config, target.tokenizer)[0]
+    else:
+        dataset = TokenizedDataset(find_data(config.data), target.tokenizer, max_length=config.max_length,
+                                   min_length=config.block_size + 1)
     layer_ids = layer_ids_for(config, target)
     topk = config.resolved_cache_topk()
     if out or config.feature_cache:
