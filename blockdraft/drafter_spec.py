@@ -53,7 +53,8 @@ from .drafters.pruning import Pruning
 from .drafters.selector_tree import SelectorTree
 from .drafters.small_ar import SmallARDrafter
 from .drafters.tree import MAX_TREE_BUDGET, TreeDrafter, as_tree, check_budget
-from .target import Target, load_target
+from .target import Target
+from .targets import load_target
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_SMALL_AR_PROPOSALS = 4  # K of `small-ar` (B = 5) unless proposals=K or bench's --block-size says otherwise

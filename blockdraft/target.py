@@ -34,8 +34,21 @@ class TargetOutput:
     features: torch.Tensor | None  # (R, n, len(layer_ids) * H) or None when no layers were asked
 
 
+def head_logits(head: nn.Module, hidden: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """A target's LM head on hidden states (and final soft-capping where the model has it)."""
+    bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
+    logits = torch.nn.functional.linear(hidden, head.weight.detach(), bias)  # no gradient into the target
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
 class Target:
     """A frozen causal LM with cached forward, tree verification and feature capture."""
+
+    #: None: the loop does this target's cache surgery on a transformers cache (`decode/cache.py::TargetCache`).
+    #: A target whose engine keeps its own memory (`engines/gguf_target.py`) opens its own rows cache here.
+    open_cache = None
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, name: str | None = None):
         # The target stays frozen by construction (inference_mode/no_grad around its passes, detached
@@ -89,12 +102,7 @@ class Target:
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """Apply the target's LM head (and final soft-capping where the model has it)."""
-        head = self.lm_head
-        bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-        logits = torch.nn.functional.linear(hidden, head.weight.detach(), bias)  # no gradient into the target
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return head_logits(self.lm_head, hidden, self.softcap)
 
     def eos_token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -185,8 +193,8 @@ class Target:
 def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: str | torch.dtype | None = None,
                 device: str | torch.device | None = None) -> Target:
     """Wrap a loaded model, or load one from a local folder or a `blockdraft assets` name."""
-    if isinstance(path_or_model, Target):
-        return path_or_model
+    if isinstance(path_or_model, Target) or getattr(path_or_model, "open_cache", None) is not None:
+        return path_or_model  # a target already, of either engine (`targets.py` loads a GGUF file)
     if isinstance(path_or_model, PreTrainedModel):
         model = path_or_model
         if dtype is not None or device is not None:

@@ -1,0 +1,384 @@
+"""A GGUF file run by llama.cpp as the target `p`: the target protocol of `target.py` on llama.cpp's kernels.
+
+`GGUFTarget` answers what the loop and the drafters ask of a target (`verify`, `forward`, the layer
+features a DFlash drafter reads, the frozen token embedding and LM head it borrows, `eos_token_ids`), and
+`GGUFCache` is its rows cache, with the methods of `decode/cache.py::TargetCache` (`prefill`, `verify`,
+`keep`, `drop`, `crop`). The loop gets it from `target.open_cache` and never asks which target it has.
+
+How rows and trees map onto llama.cpp's memory (one context, `kv_unified`, cells tagged by sequence ids):
+- each row is one sequence, its tokens at their own positions; rows never see each other's cells;
+- a tree's node i attends as its own sequence t_i (llama.cpp masks a query by its *first* sequence id:
+  a cell is visible when it carries that id and sits at a position <= the query's), and its cell also
+  carries the ids of every descendant, so each node sees exactly the row's past (copied into t_i by
+  `seq_cp`, which only tags cells), the anchor and its ancestors — DDTree's tree attention (Ringel and
+  Romano 2026) from sequence tags, with positions start + depth;
+- after the round the row's sequence takes the accepted path's cells (`seq_cp` from the deepest kept
+  node's sequence over the path's positions) and every node sequence is removed, so the memory holds the
+  committed path as if it had been verified as a chain.
+llama.cpp allows 256 sequence ids: rows plus one per tree node of a round must fit.
+
+Layer ids follow our convention (`l` = the output of decoder layer l); llama.cpp captures layer *inputs*,
+so layer l is its input l + 1 (`llama_get_embeddings_layer_inp`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from torch import nn
+
+from ..config import ConfigError, validate_layer_ids
+from ..devices import parse_dtype
+from ..target import TargetOutput, head_logits
+from .llama_lib import MAX_SEQUENCES, LlamaEngine
+from .llamacpp import EngineError
+
+if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
+    from ..decode.proposal import Proposal
+
+GGUF_MAGIC = b"GGUF"
+#: llama.cpp 11434 graphs that record every layer's input (`res->t_layer_inp[il]`), so a DFlash drafter can
+#: read their features; a Qwen2 GGUF runs its llama copy (`blockdraft engines as-llama`), as in docs/llamacpp.md
+CAPTURING_ARCHITECTURES = frozenset({"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "gemma4",
+                                     "openai-moe", "minimax-m2", "hunyuan-vl", "nanbeige", "mimo2"})
+
+
+def is_gguf(path: str | Path) -> bool:
+    """A path naming a GGUF file (by its magic, or its suffix when it cannot be read)."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return path.is_file() and handle.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+class GGUFTarget:
+    """A frozen GGUF decoder run by llama.cpp on the CPU, with the same surface as `target.Target`.
+
+    `n_ctx` is the context's cells, shared by every row, tree node and open cache; `threads` llama.cpp's
+    threads; `dtype` the dtype of the embedding and LM head the drafters borrow (and so of their passes).
+    """
+
+    device = torch.device("cpu")
+
+    def __init__(self, path: str | Path, *, n_ctx: int = 4096, threads: int | None = None, n_batch: int = 512,
+                 dtype: str | torch.dtype | None = None, tokenizer=None, verbose: bool = False):
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{path} is not a file: give a GGUF model file as the target")
+        with open(path, "rb") as handle:
+            if handle.read(4) != GGUF_MAGIC:
+                raise ConfigError(f"{path} is not a GGUF file (no GGUF magic): convert the model with `blockdraft "
+                                  "export`'s converter or llama.cpp's convert_hf_to_gguf.py")
+        if n_ctx < 16 or n_batch < 1:
+            raise ConfigError(f"a GGUF target needs n_ctx >= 16 and n_batch >= 1, got {n_ctx} and {n_batch}")
+        threads = threads or torch.get_num_threads()
+        self.path, self.name = path, str(path)
+        self.engine = LlamaEngine(path, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=MAX_SEQUENCES,
+                                  n_outputs_max=n_batch, threads=threads, verbose=verbose)
+        self.threads = threads
+        self.architecture = self.engine.meta("general.architecture") or "?"
+        self.num_layers, self.hidden_size = self.engine.n_layer, self.engine.n_embd
+        self.vocab_size = self.engine.n_vocab
+        self.max_positions = self.engine.n_ctx_train or n_ctx
+        softcap = self.engine.meta(f"{self.architecture}.final_logit_softcapping")
+        self.softcap: float | None = float(softcap) if softcap else None
+        self.dtype = parse_dtype(dtype, "cpu") if dtype else torch.float32
+        self.tokenizer = tokenizer
+        self._free = set(range(MAX_SEQUENCES))  # sequence ids no open cache holds
+        self._embed: nn.Embedding | None = None
+        self._head: nn.Linear | None = None
+        self._captured: frozenset[int] = frozenset()
+        self.engine.clear()
+
+    def __repr__(self) -> str:
+        return f"GGUFTarget({self.path.name}, {self.architecture}, {self.num_layers} layers, {self.threads} threads)"
+
+    # --- the surface drafters read ---------------------------------------------------------------
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        """The token embedding table, dequantised by llama.cpp (`llama_model_get_tok_embd`)."""
+        if self._embed is None:
+            table = torch.from_numpy(self.engine.token_embeddings()).to(self.dtype)
+            self._embed = nn.Embedding.from_pretrained(table, freeze=True)
+        return self._embed
+
+    @property
+    def input_embedding_scale(self) -> float | None:
+        return 1.0 if self.architecture not in ("gemma", "gemma2", "gemma3", "gemma4") else None
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        """The output projection read from the file (`output.weight`, else the tied embedding table)."""
+        if self._head is None:
+            weight = read_gguf_tensor(self.path, "output.weight")
+            table = torch.from_numpy(weight.copy()) if weight is not None else self.embed_tokens.weight
+            head = nn.Linear(table.shape[1], table.shape[0], bias=False)
+            head.weight = nn.Parameter(table.to(self.dtype), requires_grad=False)
+            self._head = head
+        return self._head
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        return head_logits(self.lm_head, hidden, self.softcap)
+
+    def eos_token_ids(self) -> list[int]:
+        ids = []
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
+            value = self.engine.meta(key)
+            if value is not None and value.lstrip("-").isdigit() and 0 <= int(value) < self.vocab_size:
+                ids.append(int(value))
+        return list(dict.fromkeys(ids))
+
+    def check_layer_ids(self, layer_ids: Sequence[int]) -> None:
+        validate_layer_ids(tuple(layer_ids), self.num_layers)
+        if layer_ids and self.architecture not in CAPTURING_ARCHITECTURES:
+            hint = (" Rewrite it as llama.cpp's llama architecture: `blockdraft engines as-llama FILE.gguf`."
+                    if self.architecture == "qwen2" else "")
+            raise EngineError(f"llama.cpp's {self.architecture!r} graph does not expose its layers' hidden states, "
+                              f"which a DFlash drafter reads.{hint} Drafters that read no features (lookup, "
+                              "small-AR) run on it as it is")
+
+    def check_batchable(self) -> None:
+        """Rows are sequences of one llama.cpp memory: any GGUF decodes several at once."""
+
+    # --- caches ------------------------------------------------------------------------------------
+    def open_cache(self, layer_ids: Sequence[int] = ()) -> "GGUFCache":
+        """A rows cache in this target's llama.cpp memory (several may be open; they share its cells)."""
+        if layer_ids:
+            self.check_layer_ids(layer_ids)
+        return GGUFCache(self, layer_ids)
+
+    def new_cache(self) -> "GGUFCache":
+        return self.open_cache(())
+
+    def take_sequences(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise EngineError(f"this round needs {count} more llama.cpp sequence ids but {len(self._free)} of "
+                              f"{MAX_SEQUENCES} are free (one per row and one per tree node): decode fewer rows at "
+                              "once or give trees a smaller budget")
+        taken = sorted(self._free)[:count]
+        self._free.difference_update(taken)
+        return taken
+
+    def give_sequences(self, seqs: Sequence[int]) -> None:
+        for seq in seqs:
+            self.engine.seq_rm(seq)
+        self._free.update(seqs)
+
+    def run(self, tokens: Sequence[int], positions: Sequence[int], sequences: list[list[int]], want: Sequence[bool],
+            layer_ids: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray | None]:
+        """One llama_decode (at most n_batch tokens): logits (n_wanted, V) in batch order of the wanted entries,
+        and the features (n, len(layer_ids) * H) of every entry when layers are asked."""
+        lids = frozenset(layer + 1 for layer in layer_ids)
+        if lids != self._captured:  # capture exactly what this pass reads: copies cost plain decoding time
+            for lid in self._captured - lids:
+                self.engine.capture_layer(lid, False)
+            for lid in lids - self._captured:
+                self.engine.capture_layer(lid, True)
+            self._captured = lids
+        want = np.asarray(want, dtype=bool)
+        self.engine.decode(np.asarray(tokens), np.asarray(positions), sequences, want)
+        logits = self.engine.logits(np.nonzero(want)[0]) if want.any() else np.empty((0, self.vocab_size), np.float32)
+        features = None
+        if layer_ids:
+            features = np.concatenate([self.engine.layer(layer + 1, len(tokens)) for layer in layer_ids], axis=1)
+        return logits, features
+
+    # --- the low-level passes (`Target.forward` / `Target.verify`), rows = the cache's first sequences --
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, start: int, cache: "GGUFCache", layer_ids: Sequence[int] = (),
+                logits_to_keep: int = 0) -> TargetOutput:
+        """Run `input_ids` (1, n) at positions start.. on row 0 of `cache`."""
+        return self.verify(input_ids, torch.tensor([start]), cache, None, layer_ids, logits_to_keep)
+
+    @torch.no_grad()  # not inference_mode: a drafter's backward may save these tensors (training on GGUF features)
+    def features(self, input_ids: torch.Tensor, layer_ids: Sequence[int], *, with_logits: bool = False) -> TargetOutput:
+        """Whole-sequence features (1, S, L*H) of `input_ids` (1, S) for training; logits only when asked."""
+        self.check_layer_ids(layer_ids)
+        cache = self.open_cache(())
+        out = self.verify(input_ids, torch.tensor([0]), cache, None, layer_ids, 0 if with_logits else 1)
+        cache.close()
+        return TargetOutput(logits=out.logits if with_logits else None, features=out.features)
+
+    @torch.inference_mode()
+    def verify(self, input_ids: torch.Tensor, starts: torch.Tensor, cache: "GGUFCache",
+               parents: torch.Tensor | None = None, layer_ids: Sequence[int] = (),
+               logits_to_keep: int = 0) -> TargetOutput:
+        """Rows of chains (R, n), row r at starts[r] in `cache`'s r-th sequence; trees go through
+        `GGUFCache.verify`, which keeps each round's tree bookkeeping."""
+        if parents is not None:
+            raise ConfigError("GGUFTarget.verify takes chains; verify trees through the rows cache "
+                              "(GGUFCache.verify with proposals)")
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ConfigError(f"logits_to_keep must be an integer >= 0 here, got {logits_to_keep!r}")
+        rows, n = input_ids.shape
+        seqs = cache.low_level_sequences(rows)
+        keep = n if logits_to_keep == 0 else min(logits_to_keep, n)
+        chains = [([int(t) for t in input_ids[r]], int(starts[r]), [[seqs[r]]] * n) for r in range(rows)]
+        logits, features = cache.run_rows(chains, [range(n - keep, n)] * rows, layer_ids)
+        return TargetOutput(logits=logits, features=features)
+
+
+class GGUFCache:
+    """The llama.cpp memory of the rows decoding together (the loop's `TargetCache` for a GGUF target)."""
+
+    def __init__(self, target: GGUFTarget, layer_ids: Sequence[int] = ()):
+        self.target, self.layer_ids = target, tuple(layer_ids)
+        self.rows: list[int] = []
+        self.seq_of: dict[int, int] = {}  # row -> its sequence id
+        self._low: list[int] = []  # the sequences of the low-level passes (`GGUFTarget.verify`)
+        self._tree: dict[int, list[int]] = {}  # row -> the node sequences of its last verify pass
+        self._finalizer = weakref.finalize(self, _release, target, self.seq_of, self._low)
+
+    def close(self) -> None:
+        """Give this cache's sequences (and their cells) back now rather than when it is collected."""
+        self._finalizer()
+
+    @property
+    def cache(self) -> "GGUFCache":
+        """What `GGUFTarget.forward/verify` take as their cache (the transformers target takes `.cache` too)."""
+        return self
+
+    # --- batching rows into llama_decode calls -------------------------------------------------------
+    def run_rows(self, rows: list[tuple[list[int], int, list[list[int]]]], wanted: list[Sequence[int]],
+                 layer_ids: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each row (tokens, start position, per-token sequence lists; positions from `depths` when the row
+        gives them as a 4th item) in as few decodes as n_batch allows; returns logits (R, n_max, V) at the
+        `wanted` slots of each row (zero elsewhere) and features (R, n_max, F) or None."""
+        target = self.target
+        width = max(len(tokens) for tokens, *_ in rows)
+        logits = torch.zeros((len(rows), width, target.vocab_size), dtype=torch.float32)
+        features = (torch.zeros((len(rows), width, len(layer_ids) * target.hidden_size), dtype=torch.float32)
+                    if layer_ids else None)
+        entries = []  # (row, slot, token, position, sequences, want)
+        for r, row in enumerate(rows):
+            tokens, start, sequences = row[0], row[1], row[2]
+            depths = row[3] if len(row) > 3 else range(len(tokens))
+            wanted_here = set(wanted[r])
+            entries += [(r, slot, token, start + depth, seqs, slot in wanted_here)
+                        for slot, (token, depth, seqs) in enumerate(zip(tokens, depths, sequences))]
+        step = target.engine.n_batch
+        for begin in range(0, len(entries), step):
+            chunk = entries[begin:begin + step]
+            out, feats = target.run([e[2] for e in chunk], [e[3] for e in chunk], [e[4] for e in chunk],
+                                    [e[5] for e in chunk], layer_ids)
+            asked = [(e[0], e[1]) for e in chunk if e[5]]
+            if asked:
+                index = torch.tensor(asked)
+                logits[index[:, 0], index[:, 1]] = torch.from_numpy(out)
+            if features is not None:
+                index = torch.tensor([(e[0], e[1]) for e in chunk])
+                features[index[:, 0], index[:, 1]] = torch.from_numpy(feats)
+        return logits, None if features is None else features.to(target.dtype)
+
+    def low_level_sequences(self, rows: int) -> list[int]:
+        if len(self._low) < rows:
+            self._low += self.target.take_sequences(rows - len(self._low))
+        return self._low[:rows]
+
+    # --- the loop's rows cache (the methods of decode/cache.py::TargetCache) -------------------------
+    def prefill(self, rows: list[int], prompts: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
+        """Run the prompts of `rows` and append them as rows: their last-position logits (R, V) and each one's
+        prompt features (1, n_r, F) or None."""
+        seqs = self.target.take_sequences(len(rows))
+        chains = []
+        for row, seq, prompt in zip(rows, seqs, prompts):
+            self.seq_of[row] = seq
+            tokens = prompt[0].tolist()
+            chains.append((tokens, 0, [[seq]] * len(tokens)))
+        logits, features = self.run_rows(chains, [[len(t) - 1] for t, *_ in chains], self.layer_ids)
+        last = torch.tensor([len(t) - 1 for t, *_ in chains])
+        self.rows = self.rows + list(rows)
+        return (logits[torch.arange(len(rows)), last],
+                [None if features is None else features[i:i + 1, :len(t)] for i, (t, *_) in enumerate(chains)])
+
+    def verify(self, anchors: list[torch.Tensor], starts: list[int], proposals: list[Proposal]) -> TargetOutput:
+        """One pass over every row's [anchor, proposal]: logits (R, n, V), features (R, n, F) (rows shorter than
+        the longest are zero past their end: never read)."""
+        rows = []
+        for row, anchor, start, proposal in zip(self.rows, anchors, starts, proposals):
+            seq = self.seq_of[row]
+            tokens = [int(anchor.reshape(-1)[0])] + proposal.tokens.tolist()
+            tree = proposal.tree_parents()
+            if tree is None:
+                rows.append((tokens, start, [[seq]] * len(tokens)))
+                continue
+            parents = tree.tolist()
+            nodes = self.target.take_sequences(len(parents))
+            self._tree[row] = nodes
+            for node_seq in nodes:  # every node sees the row's past
+                self.target.engine.seq_cp(seq, node_seq, 0, start)
+            depth, below = [], [[i] for i in range(len(parents))]  # below[i]: node i and its descendants
+            for i, parent in enumerate(parents):
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+            for i in reversed(range(len(parents))):
+                if parents[i] >= 0:
+                    below[parents[i]] += below[i]
+            sequences = [[seq] + nodes] + [[nodes[j] for j in below[i]] for i in range(len(parents))]
+            rows.append((tokens, start, sequences, [0] + depth))
+        logits, features = self.run_rows(rows, [range(len(r[0])) for r in rows], self.layer_ids)
+        return TargetOutput(logits=logits, features=features)
+
+    def keep(self, still: list[int], starts: list[int], kept: list[int], paths: list[list[int]], width: int) -> None:
+        """After `verify`: each row of `still` keeps its past and the first `kept` of [anchor, its accepted
+        path]; other rows leave. `starts`, `kept`, `paths` follow `self.rows`."""
+        engine, staying = self.target.engine, set(still)
+        for index, row in enumerate(self.rows):
+            seq, start, count = self.seq_of[row], starts[index], kept[index]
+            nodes = self._tree.pop(row, None)
+            if row not in staying:
+                if nodes:
+                    self.target.give_sequences(nodes)
+                self.target.give_sequences([self.seq_of.pop(row)])
+                continue
+            if nodes is None:
+                engine.seq_rm(seq, start + count, -1)
+                continue
+            engine.seq_rm(seq, start + 1, -1)  # a tree row's own sequence holds only its anchor in the pass
+            if count > 1:  # the path's cells: those of the deepest kept node's sequence past the anchor
+                engine.seq_cp(nodes[paths[index][count - 2]], seq, start + 1, start + count)
+            self.target.give_sequences(nodes)
+        self.rows = [row for row in self.rows if row in staying]
+
+    def drop(self, still: list[int], starts: list[int]) -> None:
+        """Rows not in `still` leave; the others keep their first `starts` positions (rows done at prefill)."""
+        staying = set(still)
+        for row, start in zip(self.rows, starts):
+            if row in staying:
+                self.target.engine.seq_rm(self.seq_of[row], start, -1)
+            else:
+                self.target.give_sequences([self.seq_of.pop(row)])
+        self.rows = [row for row in self.rows if row in staying]
+
+    def crop(self, length: int) -> None:
+        """Every sequence of this cache keeps its first `length` positions."""
+        for seq in list(self.seq_of.values()) + self._low:
+            self.target.engine.seq_rm(seq, length, -1)
+
+
+def _release(target: GGUFTarget, seq_of: dict, low: list) -> None:
+    """A cache that is gone gives its sequences back (and their cells)."""
+    try:
+        target.give_sequences(list(seq_of.values()) + list(low))
+    except Exception:  # noqa: BLE001 -- interpreter shutdown: the engine may be gone already
+        pass
+
+
+def read_gguf_tensor(path: Path, name: str) -> np.ndarray | None:
+    """Tensor `name` of a GGUF as float32 (rows, cols), dequantised by the gguf package; None when absent."""
+    reader = GGUFReader(path)
+    for tensor in reader.tensors:
+        if tensor.name == name:
+            values = dequantize(tensor.data, tensor.tensor_type)
+            rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+            return np.ascontiguousarray(values.reshape(rows, -1), dtype=np.float32)
+    return None

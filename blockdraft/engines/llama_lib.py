@@ -1,0 +1,197 @@
+"""llama.cpp's C API in Python: the shim (`llama_shim.c`) compiled against the verified build, bound by ctypes.
+
+The shim is compiled once per build and per shim source (its sha256 names the library), beside the
+build's own `libllama`, with the machine's C compiler: about a second. `LlamaEngine` is one model and one
+context; `engines/gguf_target.py` builds the target protocol on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from .llamacpp import EngineError, LlamaCppBuild, find_llamacpp
+
+SHIM_SOURCE = Path(__file__).with_name("llama_shim.cpp")
+#: llama.cpp keeps at most this many sequence ids (LLAMA_MAX_SEQ in its llama-cparams.h)
+MAX_SEQUENCES = 256
+
+_i32, _p = ctypes.c_int32, ctypes.c_void_p
+_SIGNATURES = {  # name: (argument types, result type)
+    "bd_set_quiet": ([_i32], None),
+    "bd_open": ([ctypes.c_char_p, _i32, _i32, _i32, _i32, _i32], _p),
+    "bd_close": ([_p], None),
+    "bd_n_vocab": ([_p], _i32), "bd_n_embd": ([_p], _i32), "bd_n_layer": ([_p], _i32),
+    "bd_n_ctx_train": ([_p], _i32), "bd_n_ctx": ([_p], _i32), "bd_is_eog": ([_p, _i32], _i32),
+    "bd_meta": ([_p, ctypes.c_char_p, ctypes.c_char_p, _i32], _i32),
+    "bd_tok_embd": ([_p, _p], ctypes.c_uint32),
+    "bd_capture_layer": ([_p, _i32, _i32], None),
+    "bd_set_threads": ([_p, _i32], None),
+    "bd_decode": ([_p, _i32, _p, _p, _p, _p, _i32, _p], _i32),
+    "bd_logits": ([_p, _i32, _p, _p], _i32),
+    "bd_layer": ([_p, _i32, _i32, _p], _i32),
+    "bd_seq_rm": ([_p, _i32, _i32, _i32], _i32),
+    "bd_seq_cp": ([_p, _i32, _i32, _i32, _i32], None),
+    "bd_seq_pos_max": ([_p, _i32], _i32),
+    "bd_clear": ([_p], None),
+}
+
+
+def _libllama(build: LlamaCppBuild) -> Path:
+    for folder in (build.bin_dir, build.bin_dir.parent / "src"):
+        if (folder / "libllama.so").is_file():
+            return folder / "libllama.so"
+    raise EngineError(f"the llama.cpp build in {build.release} has no libllama.so (a static build?): run "
+                      "`blockdraft engines build llama.cpp --force`")
+
+
+def shim_path(build: LlamaCppBuild) -> Path:
+    digest = hashlib.sha256(SHIM_SOURCE.read_bytes()).hexdigest()[:12]
+    return build.bin_dir / f"libblockdraft_llama-{digest}.so"
+
+
+def compile_shim(build: LlamaCppBuild) -> Path:
+    """The shim library for `build`, compiled when missing (written under a temporary name, then renamed)."""
+    out = shim_path(build)
+    if out.is_file():
+        return out
+    libllama = _libllama(build)
+    compiler = next((c for c in (os.environ.get("CXX") or "c++", "g++", "clang++") if shutil.which(c)), None)
+    if compiler is None:
+        raise EngineError("a GGUF target needs a C++ compiler to build blockdraft's llama.cpp shim: apt-get install "
+                          "build-essential (or set CXX)")
+    partial = out.with_name(out.name + f".{os.getpid()}.partial")
+    command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial),
+               f"-I{build.tree / 'include'}", f"-I{build.tree / 'ggml' / 'include'}",
+               f"-L{libllama.parent}", "-lllama", f"-Wl,-rpath,{libllama.parent}"]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise EngineError(f"compiling blockdraft's llama.cpp shim failed (exit {done.returncode}):\n"
+                          + "\n".join(done.stdout.splitlines()[-15:]))
+    os.replace(partial, out)
+    return out
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def library(build: LlamaCppBuild | None = None) -> ctypes.CDLL:
+    """The bound shim of the verified build (one per process)."""
+    global _LIB
+    if _LIB is None:
+        lib = ctypes.CDLL(str(compile_shim(build or find_llamacpp())))
+        for name, (args, result) in _SIGNATURES.items():
+            function = getattr(lib, name)
+            function.argtypes, function.restype = args, result
+        _LIB = lib
+    return _LIB
+
+
+def _ptr(array: np.ndarray) -> int:
+    return array.ctypes.data
+
+
+class LlamaEngine:
+    """One GGUF model and one llama.cpp context on the CPU: decode batches with positions and sequence ids,
+    read logits and captured layer inputs back, edit the memory by sequence."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int, n_batch: int, n_seq_max: int, n_outputs_max: int,
+                 threads: int, verbose: bool = False):
+        self.lib = library()
+        self.lib.bd_set_quiet(0 if verbose else 1)
+        if not 1 <= n_seq_max <= MAX_SEQUENCES:
+            raise EngineError(f"n_seq_max must lie in [1, {MAX_SEQUENCES}] (llama.cpp's limit), got {n_seq_max}")
+        handle = self.lib.bd_open(str(path).encode(), n_ctx, n_batch, n_seq_max, n_outputs_max, threads)
+        if not handle:
+            raise EngineError(f"llama.cpp could not load {path} or make a context of {n_ctx} positions for it (its "
+                              "log above says why): is it a GGUF of a decoder model, and is there memory for it?")
+        self.handle, self.n_batch, self.n_seq_max = handle, n_batch, n_seq_max
+        self.n_vocab = self.lib.bd_n_vocab(handle)
+        self.n_embd = self.lib.bd_n_embd(handle)
+        self.n_layer = self.lib.bd_n_layer(handle)
+        self.n_ctx_train = self.lib.bd_n_ctx_train(handle)
+        self.n_ctx = self.lib.bd_n_ctx(handle)
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.bd_close(self.handle)
+            self.handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown: the library may be gone already
+            pass
+
+    def meta(self, key: str) -> str | None:
+        buffer = ctypes.create_string_buffer(4096)
+        size = self.lib.bd_meta(self.handle, key.encode(), buffer, len(buffer))
+        return None if size < 0 else buffer.value.decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.lib.bd_is_eog(self.handle, token))
+
+    def token_embeddings(self) -> np.ndarray:
+        out = np.empty((self.n_vocab, self.n_embd), dtype=np.float32)
+        if self.lib.bd_tok_embd(self.handle, _ptr(out)) != out.size:
+            raise EngineError("llama.cpp could not give this model's token embedding table")
+        return out
+
+    def capture_layer(self, lid: int, on: bool = True) -> None:
+        self.lib.bd_capture_layer(self.handle, lid, int(on))
+
+    def set_threads(self, threads: int) -> None:
+        self.lib.bd_set_threads(self.handle, threads)
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, sequences: list[list[int]], want: np.ndarray) -> None:
+        """One llama_decode: token i at positions[i] in sequences[i] (its first the one it attends as), logits
+        for want[i]."""
+        n = len(tokens)
+        stride = max(len(s) for s in sequences)
+        seq_ids = np.zeros((n, stride), dtype=np.int32)
+        for i, seqs in enumerate(sequences):
+            seq_ids[i, :len(seqs)] = seqs
+        counts = np.array([len(s) for s in sequences], dtype=np.int32)
+        tokens, positions = np.ascontiguousarray(tokens, np.int32), np.ascontiguousarray(positions, np.int32)
+        want = np.ascontiguousarray(want, np.int8)
+        code = self.lib.bd_decode(self.handle, n, _ptr(tokens), _ptr(positions), _ptr(counts), _ptr(seq_ids), stride,
+                                  _ptr(want))
+        if code == 1:
+            raise EngineError(f"llama.cpp's memory is full ({self.n_ctx} cells): give the GGUF target a larger "
+                              "context (n_ctx=...) or decode fewer rows at once")
+        if code != 0:
+            raise EngineError(f"llama_decode failed (code {code}) on a batch of {n} tokens")
+
+    def logits(self, indices: np.ndarray) -> np.ndarray:
+        indices = np.ascontiguousarray(indices, np.int32)
+        out = np.empty((len(indices), self.n_vocab), dtype=np.float32)
+        if self.lib.bd_logits(self.handle, len(indices), _ptr(indices), _ptr(out)) != 0:
+            raise EngineError("llama.cpp returned no logits for a position that asked for them")
+        return out
+
+    def layer(self, lid: int, n: int) -> np.ndarray:
+        out = np.empty((n, self.n_embd), dtype=np.float32)
+        if self.lib.bd_layer(self.handle, lid, n, _ptr(out)) != 0:
+            raise EngineError(f"llama.cpp captured no input of layer {lid}: this architecture's graph does not "
+                              "expose it")
+        return out
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        if not self.lib.bd_seq_rm(self.handle, seq, p0, p1):
+            raise EngineError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.lib.bd_seq_cp(self.handle, src, dst, p0, p1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return self.lib.bd_seq_pos_max(self.handle, seq)
+
+    def clear(self) -> None:
+        self.lib.bd_clear(self.handle)

@@ -1,0 +1,67 @@
+"""Tiny transformers models written as GGUF files with the `gguf` package (no tokenizer: llama.cpp's
+`none` vocabulary of `vocab_size` dummy tokens), for the GGUF target's tests against a real llama.cpp build.
+
+Only `qwen3` is written: llama.cpp's qwen3 graph keeps Hugging Face's rotary layout (NEOX rope), so the
+weights go in as they are, and it exposes every layer's input, which a DFlash drafter reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+TYPES = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+         "q8_0": gguf.GGMLQuantizationType.Q8_0}
+LAYER_TENSORS = {  # gguf name: transformers name, inside decoder layer i
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def write_tiny_gguf(model, path: Path, outtype: str = "f32") -> Path:
+    """`model` (a transformers Qwen3ForCausalLM) as a GGUF at `path`; matrices in `outtype`, norms in F32."""
+    config = model.config
+    assert config.model_type == "qwen3", "only qwen3 is written here"
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_name("blockdraft test target (random weights)")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("none")
+    writer.add_eos_token_id(config.eos_token_id)
+    kind = TYPES[outtype]
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        values = tensor.detach().float().numpy()
+        if values.ndim == 1 or kind == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
+        elif kind == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, values.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+
+    weights = dict(model.named_parameters())
+    add("token_embd.weight", weights["model.embed_tokens.weight"])
+    for i in range(config.num_hidden_layers):
+        for ours, theirs in LAYER_TENSORS.items():
+            add(f"blk.{i}.{ours}.weight", weights[f"model.layers.{i}.{theirs}.weight"])
+    add("output_norm.weight", weights["model.norm.weight"])
+    add("output.weight", model.get_output_embeddings().weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,216 @@
+"""The GGUF target: our loop on llama.cpp's kernels, against a real llama.cpp build.
+
+Tiny random Qwen3 targets are written as F32 (and F16) GGUFs (`gguf_models.py`); every drafter of ours
+decodes on them and must give llama.cpp's own plain greedy decoding of the same file (our `NoDrafter`
+run: one llama_decode per token), token for token. The one honest exception: llama.cpp's multi-token
+pass sums in another order than its one-token step (about 1e-4 on these logits), so a position where
+plain decoding's top two logits lie closer than `TIE` may flip; a comparison stops there, and each test
+also requires that the drafter drafted and had tokens accepted, so a broken rule cannot pass by
+proposing nothing.
+
+Needs a verified llama.cpp build (`blockdraft engines build llama.cpp`); CI builds one (.ci/run), so
+there these tests fail rather than skip when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import blockdraft
+from blockdraft.checkpoints import save_drafter
+from blockdraft.config import ConfigError
+from blockdraft.engines.llamacpp import EngineError, find_llamacpp
+from gguf_models import write_tiny_gguf
+from helpers import prompts, tiny_target, trained_drafter
+
+NEW_TOKENS = 40
+TIE = 2e-3  # plain decoding's top-2 logit gap below which llama.cpp's two pass shapes may disagree
+
+
+@pytest.fixture(scope="module")
+def build():
+    try:
+        return find_llamacpp()
+    except EngineError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI builds llama.cpp before the tests (.ci/run), yet: {err}")
+        pytest.skip(f"needs a llama.cpp build: {err}")
+
+
+@pytest.fixture(scope="module")
+def setup(build, tmp_path_factory):
+    """A tiny Qwen3 target (transformers), its F32 GGUF loaded as a GGUFTarget, a DFlash drafter fitted on the
+    transformers target's text and saved, and the prompts with the GGUF's plain greedy continuations."""
+    from blockdraft.targets import load_target
+
+    root = tmp_path_factory.mktemp("gguf")
+    hf = tiny_target("qwen3")
+    gguf = load_target(write_tiny_gguf(hf.model, root / "target-f32.gguf"), threads=1)
+    drafter_dir = root / "drafter"
+    save_drafter(trained_drafter(hf).model, drafter_dir)
+    cases = prompts(4, seed=4)
+    plain = [plain_with_gaps(gguf, prompt) for prompt in cases]
+    return dict(root=root, hf=hf, gguf=gguf, drafter_dir=drafter_dir, prompts=cases, plain=plain)
+
+
+def plain_with_gaps(target, prompt):
+    """Plain greedy tokens and, at each, the gap between the top two logits of that step."""
+    tokens, gaps = [], []
+    cache = target.open_cache(())
+    out = target.forward(prompt, 0, cache, logits_to_keep=1)
+    position = prompt.shape[1]
+    for _ in range(NEW_TOKENS):
+        top = out.logits[0, -1].topk(2)
+        tokens.append(int(top.indices[0]))
+        gaps.append(float(top.values[0] - top.values[1]))
+        out = target.forward(torch.tensor([[tokens[-1]]]), position, cache, logits_to_keep=1)
+        position += 1
+    cache.close()
+    return tokens, gaps
+
+
+def assert_plain(result_tokens, plain) -> int:
+    """Tokens equal plain greedy up to the first near tie; returns how many were compared."""
+    tokens, gaps = plain
+    compared = next((i for i, gap in enumerate(gaps) if gap < TIE), len(tokens))
+    assert result_tokens[:compared] == tokens[:compared]
+    return compared
+
+
+def accepted(results) -> int:
+    return sum(r.accepted for result in results for r in result.rounds)
+
+
+def test_logits_and_features_match_transformers(setup):
+    hf, gguf = setup["hf"], setup["gguf"]
+    ids = setup["prompts"][0]
+    cache = gguf.open_cache((1, 2))
+    out = gguf.forward(ids, 0, cache, layer_ids=(1, 2))
+    cache.close()
+    reference = hf.model(ids, output_hidden_states=True)
+    assert torch.allclose(out.logits[0], reference.logits[0], atol=2e-2, rtol=1e-3)
+    features = torch.cat([reference.hidden_states[2], reference.hidden_states[3]], dim=-1)[0]
+    assert torch.allclose(out.features[0], features, atol=1e-3)
+    assert torch.equal(gguf.embed_tokens.weight, hf.model.get_input_embeddings().weight)
+    assert torch.equal(gguf.lm_head.weight, hf.model.get_output_embeddings().weight)
+    assert gguf.eos_token_ids() == [hf.model.config.eos_token_id]
+
+
+def test_plain_decoding_follows_llamacpp_steps(setup):
+    """NoDrafter through the loop (prefill in one pass, then one token a round) is llama.cpp's plain greedy."""
+    gguf = setup["gguf"]
+    for prompt, plain in zip(setup["prompts"], setup["plain"]):
+        result = blockdraft.generate(gguf, None, prompt, max_new_tokens=NEW_TOKENS, stop_token_ids=())
+        assert result.tokens == plain[0]  # the same one-token passes: no tolerance at all
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree4", "tree16", "measured_tree", "measured_chain"])
+def test_dflash_chains_and_trees_are_lossless(setup, shape):
+    gguf = setup["gguf"]
+    drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
+    options = {"chain": {}, "tree4": dict(tree_budget=4), "tree16": dict(tree_budget=16),
+               "measured_tree": dict(tree_budget="measured"), "measured_chain": dict(num_proposals="measured")}[shape]
+    results, compared = [], 0
+    for prompt, plain in zip(setup["prompts"], setup["plain"]):
+        result = blockdraft.generate(gguf, drafter, prompt, max_new_tokens=NEW_TOKENS, stop_token_ids=(), **options)
+        compared += assert_plain(result.tokens, plain)
+        results.append(result)
+    assert compared >= NEW_TOKENS  # not every prompt stopped at a tie
+    assert accepted(results) > 0
+    assert len(gguf._free) == 256  # every sequence id given back (rows and tree nodes)
+
+
+def test_lookup_and_hybrid_are_lossless(setup):
+    gguf = setup["gguf"]
+    from blockdraft.drafter_spec import BuildContext, build_drafter, parse_spec
+
+    for method in ("lookup", "lookup+dflash"):
+        results = []
+        for prompt, plain in zip(setup["prompts"], setup["plain"]):
+            # a prompt that repeats the plain continuation's start, so lookup has something to find
+            text = torch.cat([prompt, torch.tensor([plain[0][:12]]), prompt], dim=1)
+            plain_here = plain_with_gaps(gguf, text)
+            spec = "lookup" if method == "lookup" else f"hybrid:lookup+dflash={setup['drafter_dir']}"
+            one, _ = build_drafter(parse_spec(spec), BuildContext(gguf))
+            result = blockdraft.generate(gguf, one, text, max_new_tokens=NEW_TOKENS, stop_token_ids=())
+            assert_plain(result.tokens, plain_here)
+            results.append(result)
+        assert accepted(results) > 0, method
+
+
+def test_rows_decode_together(setup):
+    """Several prompts as llama.cpp sequences, with continuous batching and tree rows beside chain rows."""
+    gguf = setup["gguf"]
+    drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
+    for one, max_batch in ((None, None), (drafter, None), (drafter, 2), (blockdraft.as_tree(drafter, 6, gguf), 3)):
+        results = blockdraft.generate_batch(gguf, one, setup["prompts"], max_new_tokens=NEW_TOKENS,
+                                            stop_token_ids=(), max_batch=max_batch)
+        for result, plain in zip(results, setup["plain"]):
+            assert_plain(result.tokens, plain)
+        if one is not None:
+            assert accepted(results) > 0
+    assert len(gguf._free) == 256
+
+
+def test_small_ar_draft_from_a_second_gguf(setup):
+    """The small-AR baseline with a GGUF draft model: the target's own file drafts, so every draft is accepted
+    up to llama.cpp's pass-shape rounding."""
+    from blockdraft.drafters.small_ar import SmallARDrafter
+    from blockdraft.targets import load_target
+
+    gguf = setup["gguf"]
+    draft_model = load_target(setup["root"] / "target-f32.gguf", threads=1)
+    results = []
+    for prompt, plain in zip(setup["prompts"][:2], setup["plain"][:2]):
+        result = blockdraft.generate(gguf, SmallARDrafter(draft_model, gguf, num_proposals=4), prompt,
+                                     max_new_tokens=NEW_TOKENS, stop_token_ids=())
+        assert_plain(result.tokens, plain)
+        results.append(result)
+    assert sum(r.tau for r in results) / len(results) > 3.0  # the draft is the target itself
+
+
+def test_f16_file_is_lossless_too(setup):
+    from blockdraft.targets import load_target
+
+    gguf = load_target(write_tiny_gguf(setup["hf"].model, setup["root"] / "target-f16.gguf", "f16"), threads=1)
+    drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
+    results = []
+    for prompt in setup["prompts"]:
+        plain = plain_with_gaps(gguf, prompt)
+        result = blockdraft.generate(gguf, drafter, prompt, max_new_tokens=NEW_TOKENS, stop_token_ids=(),
+                                     tree_budget=8)
+        assert_plain(result.tokens, plain)
+        results.append(result)
+    assert accepted(results) > 0
+
+
+def test_training_features_come_from_llamacpp(setup):
+    """`features` (the training pass) gives the same layer outputs as transformers on the same weights."""
+    gguf, hf = setup["gguf"], setup["hf"]
+    ids = setup["prompts"][1]
+    out = gguf.features(ids, (0, 2), with_logits=True)
+    reference = hf.features(ids, (0, 2), with_logits=True)
+    assert out.features.shape == reference.features.shape
+    assert torch.allclose(out.features, reference.features, atol=1e-3)
+    assert torch.allclose(out.logits, reference.logits, atol=2e-2, rtol=1e-3)
+
+
+def test_bad_inputs_are_named(setup, tmp_path):
+    from blockdraft.targets import load_target
+
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"NOPE" + bytes(64))
+    with pytest.raises(ConfigError, match="not a GGUF"):
+        load_target(not_gguf)
+    with pytest.raises(ConfigError, match="GGUF target runs on llama.cpp's CPU"):
+        load_target(setup["root"] / "target-f32.gguf", device="cuda")
+    with pytest.raises(ConfigError, match="options of a GGUF target"):
+        load_target(setup["hf"].model, threads=2)
+    gguf = setup["gguf"]
+    drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
+    with pytest.raises(ConfigError, match="sequence ids"):
+        blockdraft.generate(gguf, drafter, setup["prompts"][0], max_new_tokens=8, tree_budget=256)
+    assert len(gguf._free) == 256
