@@ -130,9 +130,10 @@ def choice(*values: str) -> Callable[[str], str]:
     return parse
 
 
-def parse_options(kind: str, text: str, allowed: Sequence[str],
-                  table: Mapping[str, Option]) -> tuple[str, dict[str, str]]:
-    """`HEAD[,key=value...]` -> (HEAD, {key: value as written}), each option checked against `table`.
+def parse_options(kind: str, text: str, allowed: Sequence[str], table: Mapping[str, Option],
+                  names: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """`HEAD[,key=value...]` -> (HEAD, {key: value as written}), each option checked against `table`; an error
+    names an option as `names` does (a CLI flag that wrote it), else as `KIND option KEY`.
 
     The one option parser: drafter kinds (`drafter_spec.py`) pass `OPTIONS`; the llama.cpp bench methods their own
     table."""
@@ -148,7 +149,8 @@ def parse_options(kind: str, text: str, allowed: Sequence[str],
         try:
             table[key].parse(value)
         except ValueError:
-            raise ConfigError(f"{kind} option {key} takes {table[key].takes}, got {value!r}") from None
+            shown = (names or {}).get(key, f"{kind} option {key}")
+            raise ConfigError(f"{shown} takes {table[key].takes}, got {value!r}") from None
         if key in options:
             raise ConfigError(f"{kind} option {key} is given twice in {text!r}")
         options[key] = value

@@ -96,7 +96,7 @@ OPTIONS: dict[str, Option] = {
     "mode": Option("merge|fallback", "merge or fallback", choice("merge", "fallback"), "merge"),
     "branches": Option("B", "a positive integer", positive_int),  # None: 1 for a chain, 4 in a tree
     "ngram": Option("N", "a positive integer", positive_int),  # None: 3, or min_ngram when longer
-    "min_ngram": Option("M", "a positive integer", positive_int, 1),
+    "min_ngram": Option("M", "a positive integer (n-gram sizes start at one token)", positive_int, 1),
     "tokens": Option("T", "a positive integer", positive_int),  # None: K of proposals=K, else 10
 }
 COMMON = ("tree", "proposals")  # options every drafter kind takes
@@ -197,13 +197,14 @@ def drafters_help() -> str:
     return ", ".join(kind.usage(name) for name, kind in DRAFTERS.items())
 
 
-def make_spec(kind: str, arg: str | None, given: Mapping[str, str], *, text: str | None = None) -> DrafterSpec:
+def make_spec(kind: str, arg: str | None, given: Mapping[str, str], *, text: str | None = None,
+              names: Mapping[str, str] | None = None) -> DrafterSpec:
     """A spec from its parts, every option checked by the one parser (generate's flags build specs this way,
-    so a path with a comma stays one argument)."""
+    so a path with a comma stays one argument; `names`: the flag an error names for an option)."""
     entry = DRAFTERS[kind]
     shown = text if text is not None else kind
     options = "".join(f",{key}={value}" for key, value in given.items())
-    parse_options(kind, options, entry.allowed, OPTIONS)
+    parse_options(kind, options, entry.allowed, OPTIONS, names)
     if arg is None and entry.needs:
         raise ConfigError(f"method '{kind}' needs {entry.needs}")
     if arg is not None and entry.arg is None:

@@ -8,7 +8,7 @@ from blockdraft.checkpoints import init_drafter, save_drafter
 from blockdraft.cli import main
 from blockdraft.eval import bench as bench_module
 from blockdraft.eval import metrics as M
-from blockdraft.eval.batch_bench import batch_summary
+from blockdraft.eval.metrics import batch_summary
 from blockdraft.eval.bench import BenchConfig
 from blockdraft.config import ConfigError
 from blockdraft.target import load_target

@@ -1,6 +1,7 @@
 """The one drafter grammar (`drafter_spec.py`): generate's flags are shorthand for bench's specs, `generate
 --method` decodes as the flags do, and a new kind is one builder + one registry line (the worked example of
-docs/design.md, run here through bench's method parsing and `generate --method`)."""
+docs/design.md, run here through the four entry points: `generate --method`, `bench`, `bench --batch-size` and
+`bench-engine --method`)."""
 
 import json
 import re
@@ -131,3 +132,29 @@ def test_a_new_kind_is_one_builder_and_one_registry_line(repeat_kind, model_fold
         assert main(common + extra) == 0
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[1]["tokens"] == outputs[0]["tokens"] and max(r["proposed"] for r in outputs[1]["rounds"]) == 2
+
+
+def test_the_new_kind_runs_through_bench_batches_and_bench_engine(repeat_kind, model_folder, tmp_path):
+    """The same registry line, nothing else: `bench --batch-size` and `bench-engine` take the kind too (they had
+    their own lists of kinds and their own drafter building)."""
+    from blockdraft.eval.engine import engine_overhead
+
+    prompts = tmp_path / "he.jsonl"
+    prompts.write_text("".join(json.dumps({"task_id": f"T/{i}", "prompt": f"w{i} w{i} w{i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "bench"
+    argv = ["bench", "--target", str(model_folder), "--method", "repeat,tokens=3", "repeat,tree=8",
+            "--dataset", f"humaneval={prompts}", "--n", "3", "--max-new-tokens", "8", "--dtype", "fp32",
+            "--threads", "1", "--batch-size", "1", "2", "--out", str(out)]
+    assert main(argv) == 0
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert {(r["method"], r["batch_size"]) for r in records} == {
+        (method, size) for method in ("ar", "repeat,tokens=3", "repeat,tree=8") for size in (1, 2)}
+    plain = {r["prompt_id"]: r["tokens"] for r in records if r["method"] == "ar" and r["batch_size"] == 1}
+    assert all(r["tokens"] == plain[r["prompt_id"]] for r in records)  # lossless, batched or not
+    assert max(max(r["rounds"]["proposed"]) for r in records if r["method"] == "repeat,tokens=3") == 3
+    report = engine_overhead(str(model_folder), method="repeat,tokens=2,tree=4", dtype="fp32", max_new_tokens=6,
+                             repeats=1)
+    assert report["drafter"] == "repeat,tokens=2,tree=4" and report["rounds"] > 0
+    with pytest.raises(ConfigError, match="names the drafter"):
+        engine_overhead(str(model_folder), method="repeat", tree=4)
+

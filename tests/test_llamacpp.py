@@ -448,7 +448,8 @@ def test_exported_gguf_reads_back_with_dflash_metadata(tmp_path):
 # ---------------------------------------------------------------------------------------------- bench methods
 
 from blockdraft.eval.llamacpp_runner import build_llamacpp_runner, parse_llamacpp, server_arguments  # noqa: E402
-from blockdraft.eval.methods import parse_method, run_or_fail  # noqa: E402
+from blockdraft.eval.methods import parse_method  # noqa: E402
+from blockdraft.eval.runner import run_or_fail  # noqa: E402
 
 
 def test_method_spellings_are_canonical():

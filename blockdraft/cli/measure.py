@@ -80,8 +80,9 @@ def cmd_curves(args: argparse.Namespace) -> int:
 
 def cmd_bench_engine(args: argparse.Namespace) -> int:
     set_threads(args.threads)
-    report = engine_overhead(args.target, drafter=args.drafter, draft_model=args.draft_model, layers=args.layers,
-                             num_proposals=args.num_proposals, block_size=args.block_size, prompt=args.prompt,
+    report = engine_overhead(args.target, method=args.method, drafter=args.drafter, draft_model=args.draft_model,
+                             layers=args.layers, num_proposals=args.num_proposals, block_size=args.block_size,
+                             prompt=args.prompt,
                              max_new_tokens=args.max_new_tokens, repeats=args.repeats, tree=args.tree,
                              dtype=args.dtype, device=args.device)
     print(json.dumps(report, indent=2) if args.json else format_engine_overhead(report))
@@ -187,8 +188,11 @@ def add_compare(sub) -> None:
 def add_machine_benchmarks(sub) -> None:
     p = sub.add_parser("bench-engine", help="engine overhead: time per round / (drafter + verify forward)")
     p.add_argument("--target", required=True, help="model folder, asset name, or `tiny` for a tiny random Qwen3")
-    p.add_argument("--drafter", help="DFlash drafter folder (default: a fresh drafter)")
-    p.add_argument("--draft-model", help="measure the small-AR loop with this draft model instead")
+    p.add_argument("--method", default=None, metavar="SPEC",
+                   help="the drafter as bench and generate name it (dflash:DIR,tree=32, lookup, hybrid:...)")
+    p.add_argument("--drafter", help="DFlash drafter folder (shorthand for --method dflash:DIR; default: a fresh "
+                   "drafter)")
+    p.add_argument("--draft-model", help="measure the small-AR loop with this draft model instead (small-ar:DIR)")
     p.add_argument("--layers", type=int, default=1, help="layers of the fresh drafter")
     p.add_argument("--num-proposals", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16, help="block size of the fresh drafter")

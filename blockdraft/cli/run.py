@@ -22,15 +22,17 @@ from .common import set_threads, setup_torch, tree_budget_arg
 SHORTHAND = {"drafter": "--drafter", "draft_model": "--draft-model", "lookup": "--lookup",
              "lookup_corpus": "--lookup-corpus", "lookup_branches": "--lookup-branches", "tree": "--tree",
              "fallback": "--fallback"}
+#: the options generate's flags write into the spec, by the flag that names them in errors
+OPTION_FLAGS = {"tree": "--tree", "proposals": "--num-proposals", "branches": "--lookup-branches",
+                "min_ngram": "--lookup-min-ngram"}
 
 
 def drafter_spec(args: argparse.Namespace):
     """`--method SPEC` (the grammar of `drafter_spec.py`, bench's words), or the spec that the shorthand flags
-    `--drafter`, `--draft-model`, `--lookup...`, `--tree`, `--fallback` stand for; `--num-proposals` is its
-    `proposals=`. None for plain decoding. Checked before any model loads."""
-    count = args.num_proposals
-    no_drafter = ConfigError(f"--num-proposals {count} sets what a drafter proposes per round, and no drafter is "
-                             "given: add --drafter, --draft-model or --lookup, or drop --num-proposals")
+    `--drafter`, `--draft-model`, `--lookup...`, `--tree`, `--fallback` stand for (one source: its kind; several:
+    a hybrid of them); `--num-proposals` is its `proposals=`. None for plain decoding. Checked before any model
+    loads, by the one option parser."""
+    count = None if args.num_proposals is None else str(args.num_proposals)
     if args.method is not None:
         used = [flag for key, flag in SHORTHAND.items() if getattr(args, key) not in (None, False)]
         used += ["--lookup-min-ngram"] if args.lookup_min_ngram != 1 else []
@@ -38,55 +40,41 @@ def drafter_spec(args: argparse.Namespace):
             raise ConfigError(f"--method {args.method} names the drafter and {', '.join(used)} is shorthand for one: "
                               "drop it, or write it as an option of the spec (tree=N, mode=fallback, branches=B, ...)")
         spec = parse_spec(args.method)
-        if spec.kind == "ar":
-            if count is not None:
-                raise no_drafter
-            return None
-        if count is None:
-            return spec
-        if "proposals" in spec.options.given:
+        if count is not None and "proposals" in spec.options.given:
             raise ConfigError(f"--num-proposals {count} and the spec's proposals={spec.options.given['proposals']} "
                               "both set the proposals per round: keep one")
-        return make_spec(spec.kind, spec.arg, {**spec.options.given, "proposals": str(count)})
-    lookup = bool(args.lookup or args.lookup_corpus)
-    if lookup and args.lookup_branches is not None and args.lookup_branches < 1:
-        raise ConfigError(f"--lookup-branches must be >= 1 (distinct continuations per round), got "
-                          f"{args.lookup_branches}")
-    if lookup and args.lookup_min_ngram < 1:
-        raise ConfigError(f"--lookup-min-ngram must be >= 1 (n-gram sizes start at one token), got "
-                          f"{args.lookup_min_ngram}")
-    sources = [(kind, arg) for kind, arg, given in (("lookup", args.lookup_corpus, lookup),
-                                                    ("small-ar", args.draft_model, args.draft_model),
-                                                    ("dflash", args.drafter, args.drafter)) if given]
-    if args.fallback and len(sources) < 2:
-        raise ConfigError("--fallback picks, each round, the first of several drafters that proposes anything: "
-                          "give two or more of --lookup, --draft-model, --drafter")
-    if len(sources) > 1 and args.tree is None and not args.fallback:
-        raise ConfigError(f"several drafters ({', '.join(kind for kind, _ in sources)}) are merged into one draft "
-                          "tree: add --tree N or --tree measured (or --fallback to use the first that proposes), or "
-                          "pass one of them")
-    if not sources and count is not None:
-        raise no_drafter
-    if not sources and args.tree is not None:
-        raise ConfigError("--tree needs a drafter: --drafter, --draft-model and/or --lookup")
+        sources = [] if spec.kind == "ar" else [(spec.kind, spec.arg)]
+        given = {**spec.options.given, **({} if count is None else {"proposals": count})}
+    else:
+        lookup = bool(args.lookup or args.lookup_corpus)
+        sources = [(kind, arg) for kind, arg, wanted in (("lookup", args.lookup_corpus, lookup),
+                                                         ("small-ar", args.draft_model, args.draft_model),
+                                                         ("dflash", args.drafter, args.drafter)) if wanted]
+        if args.fallback and len(sources) < 2:
+            raise ConfigError("--fallback picks, each round, the first of several drafters that proposes anything: "
+                              "give two or more of --lookup, --draft-model, --drafter")
+        if len(sources) > 1 and args.tree is None and not args.fallback:
+            raise ConfigError(f"several drafters ({', '.join(kind for kind, _ in sources)}) are merged into one draft "
+                              "tree: add --tree N or --tree measured (or --fallback to use the first that proposes), "
+                              "or pass one of them")
+        branches = args.lookup_branches
+        if branches is None and len(sources) > 1 and args.tree is None:
+            branches = 1  # a fallback without --tree: lookup proposes one continuation, as alone
+        min_ngram = None if args.lookup_min_ngram == 1 else args.lookup_min_ngram
+        given = {"tree": args.tree, "proposals": count, **({"branches": branches, "min_ngram": min_ngram} if lookup
+                                                           else {}), "mode": "fallback" if args.fallback else None}
+        given = {key: str(value) for key, value in given.items() if value is not None}
     if not sources:
+        if count is not None or args.tree is not None:
+            flags = " and ".join(flag for flag, value in (("--tree", args.tree), (f"--num-proposals {count}", count))
+                                 if value is not None)
+            raise ConfigError(f"{flags} needs a drafter, and no drafter is given: add --drafter, --draft-model or "
+                              "--lookup (or a --method other than ar), or drop it")
         return None
-    given = {}
-    if args.tree is not None:
-        given["tree"] = str(args.tree)
-    if count is not None:
-        given["proposals"] = str(count)
-    if lookup and args.lookup_branches is not None:
-        given["branches"] = str(args.lookup_branches)
-    elif lookup and len(sources) > 1 and args.tree is None:
-        given["branches"] = "1"  # a fallback without --tree: lookup proposes one continuation, as alone
-    if lookup and args.lookup_min_ngram != 1:
-        given["min_ngram"] = str(args.lookup_min_ngram)
     if len(sources) == 1:
-        return make_spec(*sources[0], given)
-    if args.fallback:
-        given["mode"] = "fallback"
-    return make_spec("hybrid", "+".join(kind if arg is None else f"{kind}={arg}" for kind, arg in sources), given)
+        return make_spec(*sources[0], given, names=OPTION_FLAGS)
+    return make_spec("hybrid", "+".join(kind if arg is None else f"{kind}={arg}" for kind, arg in sources), given,
+                     names=OPTION_FLAGS)
 
 
 def _load_pair(args: argparse.Namespace, device: torch.device):

@@ -61,7 +61,9 @@ from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
 from ..target import default_device, load_target, native_bf16
 from .batch_bench import check_methods, measure_batches, pending_batches
-from .methods import build_runners, close_runners, parse_method, run_or_fail
+from .methods import build_runners, parse_method
+from .metrics import run_label
+from .runner import close_runners, run_or_fail
 from .rendering import prompt_sha256, render_chat
 from .report import write_report
 
@@ -349,10 +351,6 @@ def check_prompt_lengths(pending: list, runners: list, target, config: BenchConf
                           "or leave them out with --n or a shorter prompt file (nothing was measured)")
 
 
-def _label(method: str, block_size: int | None) -> str:
-    return method if block_size is None else f"{method} B={block_size}"
-
-
 def _speed(record: dict) -> float:
     return (len(record["tokens"]) - 1) / record["decode_s"] if record["decode_s"] > 0 else float("nan")
 
@@ -362,7 +360,7 @@ def _progress(records: list[dict]) -> str:
     for r in records:
         if r["turn"] != 0:
             continue
-        parts.append(f"{_label(r['method'], r['block_size'])} {_speed(r):.1f} tok/s")
+        parts.append(f"{run_label((r['method'], r['block_size']))} {_speed(r):.1f} tok/s")
     return " | ".join(parts)
 
 
@@ -389,7 +387,7 @@ def _open_session(config: BenchConfig, existing: dict | None, records: list[dict
                "environment": env, "prompts_measured": 0}
     results["sessions"].append(session)
     log(f"bench: {len(pending)} prompt(s) to measure with {len(runners)} run(s) "
-        f"({', '.join(r.method + ('' if r.block_size is None else f' B={r.block_size}') for r in runners)})"
+        f"({', '.join(run_label((r.method, r.block_size)) for r in runners)})"
         + (f" at batch sizes {list(config.batch_sizes)}" if config.batch_sizes else "")
         + f"; {len(existing['records']) if existing else 0} record(s) already in {out_dir / RESULTS}")
     return target, runners, results, session
@@ -422,7 +420,7 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
         # the cost-curve timing a first call may do is not part of a run
         run_s[number - 1] = max(0.0, warm_s - ((timing.spent_s - timed_before) if timing else 0.0)) * \
             config.max_new_tokens / warm_tokens
-        log(f"bench: warm-up {number}/{len(runners)} {_label(runner.method, runner.block_size)} ({warm_s:.1f} s)")
+        log(f"bench: warm-up {number}/{len(runners)} {run_label((runner.method, runner.block_size))} ({warm_s:.1f} s)")
     last_prompt_s = 0.0
     for number, (position, name, prompt) in enumerate(pending, 1):
         now = time.monotonic()
@@ -440,14 +438,14 @@ def _measure_prompts(pending: list, runners: list, target, config: BenchConfig, 
             last = records[-1]
             turn = f" turn {last['turn'] + 1}" if len(prompt.turns) > 1 else ""
             log(f"[{number}/{len(pending)}] {name} {prompt.id}: {len(records)}/{runs} run(s) done "
-                f"({time.monotonic() - prompt_started:.0f} s), last {_label(last['method'], last['block_size'])}"
+                f"({time.monotonic() - prompt_started:.0f} s), last {run_label((last['method'], last['block_size']))}"
                 f"{turn} {_speed(last):.1f} tok/s")
 
         new = measure_prompt(name, prompt, runners, target.tokenizer, config, rotation=position % len(runners),
                              progress=progress, stop_at=stop_at, run_s=run_s)
         if len(new) < len(runners) * len(prompt.turns):
             done = {(r["method"], r["block_size"], r["turn"]) for r in new}
-            missing = [f"{_label(r.method, r.block_size)}" + (f" turn {turn + 1}" if len(prompt.turns) > 1 else "")
+            missing = [f"{run_label((r.method, r.block_size))}" + (f" turn {turn + 1}" if len(prompt.turns) > 1 else "")
                        for turn in range(len(prompt.turns)) for r in runners
                        if (r.method, r.block_size, turn) not in done and not getattr(r, "failed", None)]
             if missing:

@@ -12,10 +12,11 @@ import statistics
 import torch
 
 from .. import generate
-from ..checkpoints import init_drafter, load_drafter
-from ..drafters.small_ar import SmallARDrafter
-from ..drafters.tree import TreeDrafter
-from ..target import load_target, pick_device
+from ..checkpoints import init_drafter
+from ..config import ConfigError
+from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
+from ..drafters.tree import as_tree
+from ..target import Target, load_target, pick_device
 from ..tiny import tiny_target
 from .bench import render_chat
 
@@ -26,14 +27,36 @@ def _prompt_ids(target, text: str) -> torch.Tensor:
     return torch.tensor([render_chat(target.tokenizer, [{"role": "user", "content": text}])])
 
 
-def engine_overhead(target: str, *, drafter: str | None = None, draft_model: str | None = None, layers: int = 1,
-                    num_proposals: int | None = None, block_size: int = 16,
-                    prompt: str = "Write a Python function that reverses a string.", max_new_tokens: int = 128,
-                    repeats: int = 3, tree: int | str | None = None, dtype: str = "bf16",
+def engine_drafter(target: Target, *, method: str | None, drafter: str | None, draft_model: str | None,
+                   layers: int, block_size: int, num_proposals: int | None, tree: int | str | None):
+    """(drafter, label, proposals per round): a spec of the drafter registry, `method` or the `dflash:` /
+    `small-ar:` spec that `drafter` / `draft_model` stand for (with `tree=`, `proposals=`), or without either a
+    fresh DFlash drafter of `layers` layers and block `block_size` (`as_tree` for `tree`)."""
+    given = {key: str(value) for key, value in (("tree", tree), ("proposals", num_proposals)) if value is not None}
+    if method is not None:
+        if drafter or draft_model or given:
+            raise ConfigError(f"--method {method} names the drafter: drop --drafter, --draft-model, --tree and "
+                              "--num-proposals, or write them as options of the spec (tree=N, proposals=K)")
+        spec = parse_spec(method)
+    elif drafter or draft_model:
+        spec = make_spec("small-ar", draft_model, given) if draft_model else make_spec("dflash", drafter, given)
+    else:
+        fresh = init_drafter(target, num_layers=layers, block_size=block_size)
+        label = f"fresh DFlash ({layers} layer, block {block_size})"
+        if tree is None:
+            return fresh, label, num_proposals
+        return as_tree(fresh, tree, target), f"{label}, tree {tree}", num_proposals
+    built, _ = build_drafter(spec, BuildContext(target))
+    return built, spec.text, spec.options["proposals"]
+
+
+def engine_overhead(target: str, *, method: str | None = None, drafter: str | None = None,
+                    draft_model: str | None = None, layers: int = 1, num_proposals: int | None = None,
+                    block_size: int = 16, prompt: str = "Write a Python function that reverses a string.",
+                    max_new_tokens: int = 128, repeats: int = 3, tree: int | str | None = None, dtype: str = "bf16",
                     device: str | None = None) -> dict:
     """Mean round, draft and verify times over `repeats` generations, and their ratio. `target` is a
-    model folder, an asset name or `tiny` (a tiny random Qwen3); without `drafter` / `draft_model` a
-    fresh DFlash drafter of `layers` layers and block `block_size` drafts."""
+    model folder, an asset name or `tiny` (a tiny random Qwen3); the drafter is `engine_drafter`'s."""
     run_device = pick_device(device)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     if target == "tiny":
@@ -41,18 +64,9 @@ def engine_overhead(target: str, *, drafter: str | None = None, draft_model: str
         loaded.model.to(run_device)
     else:
         loaded = load_target(target, dtype=torch_dtype, device=run_device)
-    if draft_model:
-        chosen = SmallARDrafter(draft_model, loaded, num_proposals=num_proposals or 4)
-        label = f"small-AR {draft_model}"
-    elif drafter:
-        chosen = load_drafter(drafter, loaded)
-        label = f"DFlash {drafter}"
-    else:
-        chosen = init_drafter(loaded, num_layers=layers, block_size=block_size)
-        label = f"fresh DFlash ({layers} layer, block {block_size})"
-    if tree is not None:
-        chosen = TreeDrafter(chosen, tree, target=loaded)
-        label += f", tree {tree}"
+    chosen, label, num_proposals = engine_drafter(loaded, method=method, drafter=drafter, draft_model=draft_model,
+                                                  layers=layers, block_size=block_size, num_proposals=num_proposals,
+                                                  tree=tree)
     prompt_ids = _prompt_ids(loaded, prompt)
     generate(loaded, chosen, prompt_ids, max_new_tokens=8, num_proposals=num_proposals, stop_token_ids=())  # warm-up
     rounds = []

@@ -45,7 +45,6 @@ from .. import generate, generate_batch
 from ..config import ConfigError, SamplingConfig
 from ..drafter_spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
                              drafters_help, parse_spec, split_kind)
-from ..engines.llamacpp import EngineError
 from ..target import Target
 from ..timing import elapsed, synchronize, timed
 from .llamacpp_runner import build_llamacpp_runner, parse_llamacpp
@@ -76,6 +75,12 @@ class MethodSpec:
     def uses_block_size(self) -> bool:
         """Only our loop's small-ar and dflash take `--block-size`; HF peers keep their own schedule."""
         return self.kind in DRAFTERS and DRAFTERS[self.kind].block_size is not None
+
+    @property
+    def batches(self) -> bool:
+        """Its runner decodes several requests together (`runner.BatchRunner`): every registered drafter kind
+        runs in our loop, which does; the peers (HF, llama.cpp) do not."""
+        return self.kind in DRAFTERS
 
 
 def dflash_options(arg: str) -> tuple[str, dict[str, str]]:
@@ -128,7 +133,8 @@ def _round_columns(rounds) -> dict[str, list]:
 
 @dataclass
 class LoopRunner:
-    """`ar`, `small-ar` and `dflash`: the library's own propose -> verify -> commit -> crop loop."""
+    """Every drafter kind of the registry: the library's own propose -> verify -> commit -> crop loop (a
+    `runner.BatchRunner`)."""
 
     method: str
     block_size: int | None  # B = K + 1 proposals per round; None for `ar`
@@ -153,7 +159,6 @@ class LoopRunner:
         return Measurement(tokens=result.tokens, prompt_length=result.prompt_length,
                            prefill_s=_round_time(result.prefill_s), decode_s=_round_time(result.decode_s),
                            stop_reason=result.stop_reason, rounds=_round_columns(result.rounds))
-
 
     def run_batch(self, prompts: list[list[int]], *, max_new_tokens: int, seed: int,
                   max_batch: int | None = None) -> list[Measurement]:
@@ -230,27 +235,6 @@ class HFRunner:
                            decode_s=_round_time(max(0.0, generate_s - prefill_s)),
                            stop_reason="stop_token" if tokens and tokens[-1] in stops else "length",
                            target_calls=calls[0], generate_s=_round_time(generate_s))
-
-
-def run_or_fail(runner, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement | None:
-    """`runner.run`, except that an external engine's failure (a llama-server that crashed) ends that method
-    alone: recorded in its description, None returned, and the runner skipped from then on."""
-    if getattr(runner, "failed", None):
-        return None
-    try:
-        return runner.run(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
-    except EngineError as err:
-        if not hasattr(runner, "fail"):
-            raise
-        runner.fail(err)
-        return None
-
-
-def close_runners(runners: list) -> None:
-    """Stop what runners started outside this process (llama-server)."""
-    for runner in runners:
-        if hasattr(runner, "close"):
-            runner.close()
 
 
 def _loop_runners(name: str, block_sizes: tuple[int, ...] | None, target: Target, sampling: SamplingConfig,

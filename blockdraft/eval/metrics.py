@@ -361,3 +361,49 @@ def greedy_agreement(results: Mapping, baseline: str = "ar") -> dict[Run, Agreem
         if position is not None:
             entry[1].append((*key, position))
     return {run: Agreement(compared, len(diffs), tuple(diffs)) for run, (compared, diffs) in out.items()}
+
+
+def _batch_verify_s(rows: list[dict]) -> float:
+    """The batch's verify time: each of its rounds counted once (`batch_round`; records without it come
+    from fixed batches, whose longest row took part in every round)."""
+    per_round: dict[int, float] = {}
+    for r in rows:
+        columns = r.get("rounds") or {}
+        if "batch_round" not in columns:
+            longest = max(rows, key=lambda r: len((r.get("rounds") or {}).get("verify_s", [])))
+            return sum((longest.get("rounds") or {}).get("verify_s", []))
+        per_round.update(zip(columns["batch_round"], columns["verify_s"]))
+    return sum(per_round.values())
+
+
+def batch_summary(records: list[dict]) -> dict[tuple, dict]:
+    """`bench --batch-size` records: (dataset, method, block size, batch size) -> totals over its batches (the
+    pools of `batch_bench.py`): total decode tokens/s = tokens decoded by all rows / decode time of the pools;
+    per-request latency = prefill_s + decode_s of the row (mean and max over requests); the rows' drafter time
+    and the shared verify passes."""
+    groups: dict[tuple, dict[tuple, list[dict]]] = {}
+    for record in records:
+        if record.get("batch_size") is None:
+            continue
+        run = (record["dataset"], record["method"], record.get("block_size"), record["batch_size"])
+        groups.setdefault(run, {}).setdefault(record["batch"], []).append(record)
+    summary = {}
+    for run, by_batch in groups.items():
+        decode = draft = verify = 0.0
+        tokens = rounds = emitted = 0
+        latencies = []
+        for rows in by_batch.values():
+            decode += max(r["decode_s"] for r in rows)
+            verify += _batch_verify_s(rows)
+            for r in rows:
+                tokens += len(r["tokens"]) - 1
+                latencies.append(r["prefill_s"] + r["decode_s"])
+                columns = r.get("rounds") or {}
+                draft += sum(columns.get("draft_s", []))
+                rounds += len(columns.get("emitted", []))
+                emitted += sum(columns.get("emitted", []))
+        summary[run] = {"requests": len(latencies), "tokens": tokens, "decode_s": decode, "draft_s": draft,
+                        "verify_s": verify, "tau": emitted / rounds if rounds else None,
+                        "tokens_per_s": tokens / decode if decode > 0 else None,
+                        "latency_s": float(np.mean(latencies)), "latency_max_s": float(np.max(latencies))}
+    return summary

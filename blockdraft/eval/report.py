@@ -12,7 +12,6 @@ from typing import Mapping
 
 from ..files import write_atomic, write_text_atomic
 from . import metrics as M
-from .batch_bench import batch_section
 
 PLOTS = ("tau.png", "speedup.png", "acceptance.png", "tau_vs_k.png")
 MAX_POSITIONS = 16  # acceptance tables show slots 1..16
@@ -422,7 +421,7 @@ def render_markdown(results: Mapping, plots: list[str]) -> str:
     lines = _header(results)
     if not results["records"]:
         return "\n".join(lines + ["No records yet.", ""])
-    if results["config"].get("batch_sizes"):  # requests decoded together: their own section (eval/batch_bench.py)
+    if results["config"].get("batch_sizes"):  # requests decoded together: their own section
         return "\n".join(lines + batch_section(results)) + "\n" + NOTES
     lines += _speed_section(results, plots)
     lines += _acceptance_section(results, plots)
@@ -445,3 +444,36 @@ def write_report(results: Mapping, out_dir: str | Path) -> Path:
     path = out_dir / "report.md"
     write_text_atomic(path, render_markdown(results, plots))
     return path
+
+
+def batch_section(results: dict) -> list[str]:
+    """`bench --batch-size` runs: per dataset, each run's `M.batch_summary` with its speedup over `ar`'s total
+    decode tokens/s at the same batch size (same scheduling) and the draft / verify shares of decode time."""
+    summary = M.batch_summary(results["records"])
+    if not summary:
+        return []
+    lines = ["## Batched decoding", "",
+             "The prompts flow through `batch` slots (continuous batching: a finished row's slot goes to the next "
+             "prompt; one target verify pass per round for all rows). total tok/s = decode tokens of all rows / "
+             "decode time; speedup = that over `ar`'s at the same batch size; "
+             "latency = prefill + the request's own decode time (mean, max); draft / verify = the rows' drafter "
+             "time and the shared verify passes as shares of decode time.", ""]
+    for dataset in dict.fromkeys(run[0] for run in summary):
+        rows = []
+        runs = sorted((run for run in summary if run[0] == dataset), key=lambda run: (run[3], run[1] != "ar"))
+        for run in runs:
+            s = summary[run]
+            ar = summary.get((dataset, "ar", None, run[3]))
+            speedup = (s["tokens_per_s"] / ar["tokens_per_s"]
+                       if ar and ar["tokens_per_s"] and s["tokens_per_s"] and run[1] != "ar" else None)
+            share = lambda part: f"{100 * part / s['decode_s']:.0f}%" if s["decode_s"] > 0 else "n/a"  # noqa: E731
+            rows.append([str(run[3]), f"`{M.run_label((run[1], run[2]))}`", str(s["requests"]),
+                         f"{s['tokens_per_s']:.1f}" if s["tokens_per_s"] else "n/a",
+                         "1 (baseline)" if run[1] == "ar" else (f"{speedup:.2f}x" if speedup else "n/a"),
+                         f"{s['latency_s']:.2f} / {s['latency_max_s']:.2f}",
+                         f"{s['tau']:.2f}" if s["tau"] else "n/a", share(s["draft_s"]), share(s["verify_s"])])
+        lines += [f"### {dataset}", "",
+                  "| batch | run | requests | total decode tok/s | speedup vs ar | latency s (mean / max) | tau "
+                  "| draft | verify |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows] + [""]
+    return lines
