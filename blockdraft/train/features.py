@@ -382,13 +382,12 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
               f"{', top-%d log-probs' % index['topk'] if index.get('topk') else ''}; reading {layer_ids}"
               f"{', top-%d' % topk if topk else ''}", file=sys.stderr)
         return FeatureCache(out_dir, **opened)
+    need = len(dataset)
+    if _open_index(out_dir, header)[0]["done"] >= need:  # read-only: no lock, a writer may be growing it
+        print(f"features: {out_dir} holds the {need} sequences of this data set", file=sys.stderr)
+        return FeatureCache(out_dir, **opened)
     with folder_lock(out_dir / FEATURES_LOCK, what=f"the feature cache {out_dir}", wait=False):
-        index, changed = _open_index(out_dir, header)
-        need = len(dataset)
-        if index["done"] >= need:
-            print(f"features: {out_dir} holds the {need} sequences of this data set"
-                  f"{'' if index['complete'] else ' (and grows beyond them)'}", file=sys.stderr)
-            return FeatureCache(out_dir, **opened)
+        index, changed = _open_index(out_dir, header)  # again, under the lock
         _state_the_cost(index, need, out_dir)
         if changed:
             _grow_files(out_dir, index)  # before the index that describes the rows
