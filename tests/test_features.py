@@ -125,7 +125,7 @@ def test_mismatched_cache_is_refused(target, tmp_path):
 def test_too_little_disk_is_refused_before_writing(target, tmp_path, monkeypatch, capsys):
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(F.shutil, "disk_usage", lambda path: Usage(1 << 30, 1 << 30, 1 << 20))
-    with pytest.raises(FeatureCacheError, match="not enough free disk"):
+    with pytest.raises(F.FeatureCacheDiskError, match="not enough free disk"):
         cache_features(target, sequences(), LAYERS, tmp_path / "cache", progress=False)
     assert "bytes per token" in capsys.readouterr().out
     assert not (tmp_path / "cache" / F.DATA_FILE).exists()
@@ -291,3 +291,87 @@ def test_training_runs_on_the_partial_cache_a_deadline_left_and_a_rerun_extends_
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     train(config, resume=True)  # nothing left to train, but the pass resumes and completes the cache
     assert json.loads((tmp_path / "run" / "features" / F.INDEX_FILE).read_text())["complete"]
+
+
+def test_a_cache_grows_in_order_and_serves_its_prefixes(target, tmp_path):
+    """A cache is an ordered list of sequences: a longer data set that starts with them extends it (nothing
+    recomputed), a shorter one is served from its first rows, a different one is refused."""
+    data = sequences(count=300)
+    first = KilledAfter(target, calls=None)
+    cache_features(first, data[:100], LAYERS, tmp_path / "cache", progress=False)
+    grown = KilledAfter(target, calls=None)
+    cache = cache_features(grown, data, LAYERS, tmp_path / "cache", progress=False)
+    assert (first.ran, grown.ran, len(cache), cache.complete) == (100, 200, 300, True)
+    index = json.loads((tmp_path / "cache" / F.INDEX_FILE).read_text())
+    assert index["num_sequences"] == 300 and index["fingerprint"] == token_fingerprint(data)
+    served = KilledAfter(target, calls=0)
+    prefix = cache_features(served, data[:40], LAYERS, tmp_path / "cache", progress=False)
+    assert len(prefix) == 40 and FeatureCache(tmp_path / "cache", dataset=data[:40]).complete
+    for i in (0, 99, 100, 299):
+        assert torch.equal(cache.features(i), online(target, data[i]).bfloat16())
+    assert torch.equal(prefix.features(39), online(target, data[39]).bfloat16())
+    with pytest.raises(FeatureCacheError, match="other sequences"):
+        cache_features(target, sequences(count=3, seed=5), LAYERS, tmp_path / "cache", progress=False)
+    with pytest.raises(FeatureCacheError, match="another data set"):
+        FeatureCache(tmp_path / "cache", dataset=data[1:5])
+
+
+def test_a_second_writer_is_refused_and_a_reader_is_not(target, tmp_path):
+    from blockdraft.config import ConfigError
+    from blockdraft.files import folder_lock
+
+    data = sequences(count=20)
+    cache_features(target, data[:10], LAYERS, tmp_path, progress=False)
+    with folder_lock(tmp_path / F.FEATURES_LOCK, what="a writer", wait=False):
+        assert len(cache_features(target, data[:10], LAYERS, tmp_path, progress=False)) == 10  # read only
+        with pytest.raises(ConfigError, match="in use"):
+            cache_features(target, data, LAYERS, tmp_path, progress=False)
+
+
+KILLED_WRITER = """
+import sys, time, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+from blockdraft.tiny import tiny_target
+from blockdraft.train.features import cache_features
+from test_features import LAYERS, sequences
+
+target = tiny_target("qwen3")
+run = target.features
+def slow(*args, **kwargs):
+    time.sleep(0.01)
+    return run(*args, **kwargs)
+target.features = slow
+cache_features(target, sequences(count=300), LAYERS, {folder!r}, flush_seconds=0.0, progress=False)
+"""
+
+
+def test_a_pass_killed_with_sigkill_while_growing_resumes_to_the_same_cache(target, tmp_path):
+    """kill -9 in the middle of growing a 100-sequence cache to 300: the rerun computes only what was not
+    flushed, and every row equals a cache written in one go."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    data = sequences(count=300)
+    folder = tmp_path / "cache"
+    cache_features(target, data[:100], LAYERS, folder, progress=False)
+    script = KILLED_WRITER.format(tests=str(Path(__file__).parent), folder=str(folder))
+    writer = subprocess.Popen([sys.executable, "-c", script])
+    started = time.monotonic()
+    while json.loads((folder / F.INDEX_FILE).read_text())["done"] < 150:
+        assert writer.poll() is None and time.monotonic() - started < 120, "the writer ended before it was killed"
+        time.sleep(0.05)
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    done = json.loads((folder / F.INDEX_FILE).read_text())["done"]
+    assert 150 <= done < 300
+    resumed = KilledAfter(target, calls=None)
+    cache = cache_features(resumed, data, LAYERS, folder, progress=False)
+    assert resumed.ran == 300 - done and cache.complete
+    fresh = cache_features(target, data, LAYERS, tmp_path / "fresh", progress=False)
+    for i in range(300):
+        torch.testing.assert_close(cache.features(i).float(), fresh.features(i).float(), rtol=0, atol=2e-2)

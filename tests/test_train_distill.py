@@ -228,3 +228,23 @@ def test_named_sharegpt_sources_keep_the_original_answers(tmp_path, monkeypatch)
     rows = [json.loads(line) for line in code.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["a"] and rows[0]["conversations"][1]["value"].startswith("def f")
     assert [json.loads(line)["id"] for line in find_data("sharegpt").read_text().splitlines()] == ["a", "b"]
+
+
+def test_runs_on_a_fixed_split_share_one_growing_cache_and_one_heldout_set(setup, tmp_path, capsys):
+    """split=: the first run writes the split; a larger run holds out the same conversations, its data set
+    starts with the smaller one's, so the one feature cache grows instead of being built again."""
+    folder, split = tmp_path / "features", tmp_path / "split.json"
+    small = make_config(setup, tmp_path / "n3", split=str(split), heldout=2, train_conversations=3,
+                        feature_cache=str(folder), max_steps=2, eval_every=2)
+    train(small)
+    assert split.is_file() and "wrote" in capsys.readouterr().err
+    before, written = json.loads((folder / F.INDEX_FILE).read_text()), split.read_bytes()
+    large = make_config(setup, tmp_path / "n6", split=str(split), heldout=2, train_conversations=6,
+                        feature_cache=str(folder), max_steps=2, eval_every=2)
+    train(large)
+    after = json.loads((folder / F.INDEX_FILE).read_text())
+    assert "grows from 5 sequences" in capsys.readouterr().err
+    assert after["sequence_hashes"][:5] == before["sequence_hashes"] and after["num_sequences"] == 8
+    assert after["complete"] and split.read_bytes() == written  # the split is read, never rewritten
+    with pytest.raises(ConfigError, match="heldout"):
+        make_config(setup, tmp_path / "none", split=str(split), heldout=0)

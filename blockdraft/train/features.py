@@ -217,7 +217,7 @@ def _check_prefix(index: dict, header: dict, out_dir: Path) -> None:
                                 f"was overwritten)")
 
 
-def _open_index(out_dir: Path, header: dict) -> tuple[dict, bool]:
+def _open_index(out_dir: Path, header: dict, *, say: bool = True) -> tuple[dict, bool]:
     """(the index to write into, whether it is new or grows): new, the existing one (same data, or one that
     this data set's sequences start with: a prefix is served, a longer data set extends the cache), refused
     for anything else. Nothing is written here."""
@@ -231,8 +231,9 @@ def _open_index(out_dir: Path, header: dict) -> tuple[dict, bool]:
     _check_prefix(index, header, out_dir)
     if header["num_sequences"] <= index["num_sequences"]:
         return index, False
-    print(f"features: {out_dir} grows from {index['num_sequences']} sequences ({index['done']} written) to "
-          f"{header['num_sequences']}", file=sys.stderr)
+    if say:
+        print(f"features: {out_dir} grows from {index['num_sequences']} sequences ({index['done']} written) to "
+              f"{header['num_sequences']}", file=sys.stderr)
     grown = {key: header[key] for key in ("fingerprint", "num_sequences", "total_tokens", "lengths", "offsets",
                                           "sequence_hashes")}
     return {**index, **grown, "complete": False}, True
@@ -383,7 +384,7 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
               f"{', top-%d' % topk if topk else ''}", file=sys.stderr)
         return FeatureCache(out_dir, **opened)
     need = len(dataset)
-    if _open_index(out_dir, header)[0]["done"] >= need:  # read-only: no lock, a writer may be growing it
+    if _open_index(out_dir, header, say=False)[0]["done"] >= need:  # read-only: no lock, a writer may be growing it
         print(f"features: {out_dir} holds the {need} sequences of this data set", file=sys.stderr)
         return FeatureCache(out_dir, **opened)
     with folder_lock(out_dir / FEATURES_LOCK, what=f"the feature cache {out_dir}", wait=False):
