@@ -16,10 +16,14 @@ trains a drafter without regenerating it (docs/distillation.md).
   topk_logprobs.bin  (topk > 0) (total_tokens, k + 1) fp16 or fp32: their log-probabilities, then
                      log(1 - sum of the k probabilities) (the tail, -inf when k is the whole vocabulary)
   index.json         offsets and lengths in tokens, layer ids, hidden size, dtype, topk, target name and
-                     shape, the data set's fingerprint, `done` (sequences written and flushed) and `complete`
+                     shape, the data set's fingerprint, a hash per sequence, `done` (sequences written and
+                     flushed) and `complete`
 Disk per token: F * itemsize(dtype) + k * 4 + (k + 1) * itemsize(logprob_dtype) bytes.
 The index is rewritten atomically after every flush, so a killed run resumes at its first unflushed
-sequence and a finished cache is marked complete.
+sequence and a finished cache is marked complete. A cache is an ordered list of sequences: a data set
+that is a prefix of it is served from its first rows, one that starts with its sequences extends it
+(the files grow; written rows keep their offsets), so a data-size study's runs share one cache. One
+process writes a folder at a time (FEATURES_LOCK); readers map the files copy-on-write and take no lock.
 """
 
 from __future__ import annotations
