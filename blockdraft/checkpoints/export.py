@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Collection
 
 import torch
 from safetensors import safe_open
@@ -47,7 +49,44 @@ from ..files import atomic_write_folder
 from ..target import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
-CONSUMERS = ("zlab", "vllm", "sglang")  # folders; llama.cpp's GGUF file is engines/llamacpp_export.py's
+CONSUMERS = ("zlab", "vllm", "sglang")  # folders; llama.cpp's GGUF file is engines/llamacpp_export.py's (the one
+# entry point over both, and what each consumer can express, is engines/export.py)
+
+
+@dataclass
+class Backbone:
+    """What every export starts from (the folders here, llama.cpp's GGUF in `engines/llamacpp_export.py`)."""
+
+    config: DFlashConfig
+    state: dict[str, torch.Tensor]  # the backbone's tensors: no rotary cache, no vocabulary map, no heads
+    d2t: torch.Tensor | None  # (V_draft,) int64 target id of each draft id; None: every token, in order
+    heads: dict[str, Any]  # config.json `heads`: name -> description
+    notes: list[str] = field(default_factory=list)  # one per thing dropped or converted
+
+
+def load_backbone(drafter_dir: str | Path, consumer: str, *, runs_heads: Collection[str] = ()) -> Backbone:
+    """The drafter's backbone, with a note for every head `consumer` does not run (`runs_heads` it does) and
+    for a draft vocabulary map that keeps every token in order (dropped: the full vocabulary is the same)."""
+    model = load_drafter_model(drafter_dir)  # validates the folder; heads stay in the file, unread
+    config = model.config
+    heads = dict(config.extra.get("heads") or {})
+    notes = [f"dropped the {name} head (blockdraft's own; {consumer} has no such head): {consumer} drafts with the "
+             "backbone alone, so its drafts differ from ours with the head on"
+             for name in heads if name not in runs_heads]
+    state = {key: tensor.detach().contiguous() for key, tensor in model.state_dict().items()
+             if not key.startswith(("rotary_emb.", "vocab_map."))}
+    d2t = None if model.vocab_map is None else model.vocab_map.d2t.to(torch.int64)
+    if d2t is not None and torch.equal(d2t, torch.arange(config.vocab_size)):
+        notes.append("dropped the draft vocabulary map: it kept every token in order")
+        d2t = None
+    return Backbone(config, state, d2t, heads, notes)
+
+
+def reduced_vocabulary(d2t: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A reduced draft vocabulary as vLLM and llama.cpp read it: the target's LM-head rows it scores
+    (`lm_head.weight`, (V_draft, H), as we score them) and `d2t` as offsets (draft id i scores target id
+    i + d2t[i])."""
+    return {"lm_head.weight": lm_head[d2t].contiguous(), "d2t": (d2t - torch.arange(d2t.numel())).contiguous()}
 
 
 def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, *, target: Target | None = None,
@@ -61,31 +100,22 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
                           "export_drafter_gguf(drafter, target, out_file) (the CLI: export --for llama.cpp)")
     if consumer not in CONSUMERS:
         raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)} or llama.cpp, got {consumer!r}")
-    model = load_drafter_model(drafter_dir)  # validates the folder; heads stay in the file, unread
-    config = model.config
+    backbone = load_backbone(drafter_dir, consumer)
+    config, d2t, notes = backbone.config, backbone.d2t, backbone.notes
     if target is not None:
         check_compatible(config, target)
     if config.layout != "dflash":
         raise ConfigError(f"{drafter_dir} uses the {config.layout} layout (its anchor slot predicts too); the DFlash "
                           f"loader of {consumer} conditions on the anchor only, so it cannot reproduce this drafter")
-    notes = [f"dropped the {name} head (blockdraft's own; {consumer} drafts with the backbone alone)"
-             for name in config.extra.get("heads") or {}]
     stored = _stored_dtype(Path(drafter_dir))
-    state = {key: tensor.to(stored).contiguous() for key, tensor in model.state_dict().items()
-             if not key.startswith(("rotary_emb.", "vocab_map."))}
+    state = {key: tensor.to(stored) for key, tensor in backbone.state.items()}
     scale, softcap = _embedding_and_cap(config, target, drafter_dir)
     config = dataclasses.replace(config, input_embedding_scale=scale, final_logit_softcapping=softcap,
                                  draft_vocab_size=None,
                                  extra={k: v for k, v in config.extra.items() if k != "heads"})
-
-    d2t = None if model.vocab_map is None else model.vocab_map.d2t
-    if d2t is not None and torch.equal(d2t, torch.arange(config.vocab_size)):
-        notes.append("dropped the draft vocabulary map: it kept every token in order")
-        d2t = None
     if d2t is not None and consumer == "vllm" and not config.is_dflash2:
         head = _need(target, "vLLM reads a reduced vocabulary's LM-head rows from the drafter folder")
-        state["lm_head.weight"] = head.lm_head.weight.detach().cpu()[d2t].contiguous()  # (Vd, H), target dtype
-        state["d2t"] = d2t - torch.arange(d2t.numel())  # vLLM: target id = i + d2t[i]
+        state.update(reduced_vocabulary(d2t, head.lm_head.weight.detach().cpu()))  # rows in the target's dtype
         config = dataclasses.replace(config, draft_vocab_size=int(d2t.numel()))
         notes.append(f"converted the {d2t.numel()}-token draft vocabulary to vLLM's d2t offsets + lm_head rows")
     elif d2t is not None:

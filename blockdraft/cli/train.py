@@ -13,15 +13,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ..checkpoints import (WEIGHTS_NAME, attach_local_head, check_finite, export_drafter, import_dspark, init_drafter,
+from ..checkpoints import (WEIGHTS_NAME, attach_local_head, check_finite, import_dspark, init_drafter,
                            load_drafter, save_drafter, save_headed_drafter)
-from ..checkpoints.export import CONSUMERS
 from ..config import ConfigError
 from ..data.conversations import TokenizedDataset
 from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT, find_fusion_head
-from ..engines.llamacpp_export import export_drafter_gguf
+from ..engines.export import CONSUMERS, export
 from ..files import LOCK_NAME, check_location, check_out_dir, overwrite_allowed
-from ..shipped import resolve_drafter, shipped_names
+from ..shipped import resolve_drafter
 from ..target import load_target, resolve_model_path
 from ..train.config import TrainConfig
 from ..train.features import INDEX_FILE
@@ -87,36 +86,12 @@ def cmd_import_dspark(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    # a flag for another consumer would be ignored: refuse it
-    if args.consumer == "llama.cpp" and args.full_vocab:
-        raise ConfigError("--full-vocab is for the zlab, vllm and sglang folders; llama.cpp keeps a reduced draft "
-                          "vocabulary exactly (its d2t): drop --full-vocab")
-    elsewhere = [flag for flag, given in (("--outtype", args.outtype is not None),
-                                          ("--drop-attention-bias", args.drop_attention_bias)) if given]
-    if args.consumer != "llama.cpp" and elsewhere:
-        raise ConfigError(f"{', '.join(elsewhere)} shape the GGUF file of --for llama.cpp; the {args.consumer} folder "
-                          "keeps the drafter's own tensors: drop them")
-    args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
-    if args.consumer == "llama.cpp":  # a GGUF file written by llama.cpp's converter (engines/llamacpp_export.py)
-        if not args.target:
-            raise ConfigError("--for llama.cpp needs --target (the converter reads the target's tokenizer)")
-        notes, facts = export_drafter_gguf(args.drafter, args.target, args.out, outtype=args.outtype or "f32",
-                                           drop_attention_bias=args.drop_attention_bias, overwrite=args.overwrite)
-        for note in notes:
-            print(f"note: {note}")
-        print(f"wrote {args.out} for llama.cpp: llama-server -m TARGET.gguf -md {args.out} --spec-type "
-              f"{facts['spec_type']} --spec-draft-n-max {facts['max_drafts']}")
-        return 0
-    if not Path(args.drafter).is_dir():
-        raise ConfigError(f"drafter folder {args.drafter} does not exist (shipped drafters by name: {shipped_names()})")
-    check_out_dir(args.out, "drafter", overwrite=args.overwrite,
-                  protect=[args.drafter, resolve_model_path(args.target) if args.target else None])
-    target = load_target(args.target) if args.target else None  # its stored dtype: the tables it lends stay exact
-    notes = export_drafter(args.drafter, args.out, args.consumer, target=target, full_vocab=args.full_vocab,
-                           overwrite=args.overwrite)
+    notes, written = export(args.drafter, args.consumer, args.out, target=args.target, overwrite=args.overwrite,
+                            full_vocab=args.full_vocab, outtype=args.outtype,
+                            drop_attention_bias=args.drop_attention_bias)
     for note in notes:
         print(f"note: {note}")
-    print(f"wrote {args.out} for {args.consumer}")
+    print(written)
     return 0
 
 
@@ -244,7 +219,7 @@ def add_import_dspark(sub) -> None:
 def add_export(sub) -> None:
     p = sub.add_parser("export", help="write a drafter folder for the reference dflash package, vLLM or SGLang")
     p.add_argument("drafter", help="drafter folder (config.json + model.safetensors)")
-    p.add_argument("--for", dest="consumer", required=True, choices=(*CONSUMERS, "llama.cpp"),
+    p.add_argument("--for", dest="consumer", required=True, choices=tuple(CONSUMERS),
                    help="the engine that will load it (see docs/export.md)")
     p.add_argument("--out", required=True, help="output folder")
     add_overwrite_flag(p)

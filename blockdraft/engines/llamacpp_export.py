@@ -38,7 +38,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..assets import home, resolve_model
-from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model
+from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME
+from ..checkpoints.export import load_backbone, reduced_vocabulary
 from ..config import ConfigError
 from ..files import check_out_file
 from ..shipped import resolve_drafter
@@ -46,6 +47,7 @@ from .gguf_arch import open_gguf
 from .llamacpp import EngineError, engine_root, release_dir, tree_dir
 
 OUTTYPES = ("f32", "f16", "bf16")
+RUNS_HEADS = ("markov", "confidence")  # our heads its graph computes (DSpark's); any other is dropped with a note
 
 
 def find_converter() -> Path:
@@ -113,33 +115,73 @@ def prepare_export(drafter_dir: str | Path, target_dir: Path, folder: Path, *,
                    drop_attention_bias: bool = False) -> tuple[list[str], dict]:
     """Write the converter's input folder for our drafter; returns (notes, facts about the export)."""
     source = resolve_drafter(drafter_dir)
-    model = load_drafter_model(source)
-    config = model.config
+    backbone = load_backbone(source, "llama.cpp", runs_heads=RUNS_HEADS)
+    config, state, d2t, notes = backbone.config, backbone.state, backbone.d2t, backbone.notes
     target_config = _check_target(config, target_dir)
-    notes: list[str] = []
-    state = {key: tensor.detach().contiguous() for key, tensor in model.state_dict().items()
-             if not key.startswith(("rotary_emb.", "vocab_map."))}
+    biases = _drop_attention_biases(state, source, drop_attention_bias, notes)
+    markov, confidence = backbone.heads.get("markov"), backbone.heads.get("confidence")
+    _dspark_heads(source, markov, confidence, state, notes)
+    raw = config.to_dict()
+    raw["attention_bias"] = False if biases else raw.get("attention_bias", False)
+    dspark_class = markov is not None or d2t is not None or config.layout == "dspark"
+    if d2t is not None:
+        head = _target_tensor(target_dir, ("lm_head.weight",) if not target_config.get("tie_word_embeddings")
+                              else ("lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"))
+        state.update(reduced_vocabulary(d2t, head))  # the converter reads offsets
+        raw["draft_vocab_size"] = int(d2t.numel())
+        notes.append(f"kept the {d2t.numel()}-token draft vocabulary as llama.cpp's d2t + the target's LM-head rows")
+    else:
+        raw.pop("draft_vocab_size", None)
+    if dspark_class:
+        raw.update(architectures=["DSparkDraftModel"], sample_from_anchor=config.layout == "dspark",
+                   markov_head_type="vanilla")
+    if config.is_dflash2 and dspark_class:
+        raise EngineError(f"{source} is a DFlash 2 drafter with a reduced vocabulary or a Markov head; llama.cpp's "
+                          "converter writes those only through its DSpark class, which has no DFlash 2 layers")
+    if config.is_dflash2:
+        notes.append("DFlash 2 drafter: passed to llama.cpp's DFlash2DraftModel conversion as is (not yet checked "
+                     "against a llama.cpp run)")
+    raw.pop("heads", None)  # the converter reads top-level fields; keep ours but drop what it would misread
+    stored = next(iter(state.values())).dtype
+    state = {key: tensor.to(stored) if tensor.is_floating_point() else tensor for key, tensor in state.items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    spec_type = "draft-dspark" if (markov is not None or config.layout == "dspark") else "draft-dflash"
+    facts = {"spec_type": spec_type, "block_size": config.block_size,
+             "max_drafts": config.block_size if config.layout == "dspark" else config.block_size - 1,
+             "draft_vocab_size": None if d2t is None else int(d2t.numel()), "layout": config.layout,
+             "markov": markov is not None, "confidence": "confidence_head.proj.weight" in state,
+             "dropped_attention_bias": bool(biases)}
+    return notes, facts
 
+
+def _drop_attention_biases(state: dict[str, torch.Tensor], source: Path, drop: bool, notes: list[str]) -> list[str]:
+    """Remove the q/k/v/o biases llama.cpp's DFlash graph has no place for: all zero, or with `drop`
+    (--drop-attention-bias: its drafts then differ from ours); returns the keys removed."""
     biases = sorted(key for key in state if key.endswith("_proj.bias"))
-    if biases:
-        nonzero = [key for key in biases if bool(state[key].abs().max() > 0)]
-        if nonzero and not drop_attention_bias:
-            raise EngineError(
-                f"{source} has attention biases ({', '.join(sorted({k.split('.')[-2] for k in nonzero}))}; a Qwen2-family "
-                "drafter) but llama.cpp's DFlash graph has no bias on q/k/v/o, so it cannot run this drafter exactly. "
-                "Train the drafter without attention_bias, or pass --drop-attention-bias to export it anyway (its "
-                "drafts in llama.cpp will differ from ours; verification stays lossless)")
-        for key in biases:
-            del state[key]
-        notes.append("dropped the attention biases (--drop-attention-bias): llama.cpp drafts with a different model "
-                     "than ours, so its acceptance is not this drafter's" if nonzero else
-                     "dropped the attention biases: all zero, so nothing changes")
+    if not biases:
+        return biases
+    nonzero = [key for key in biases if bool(state[key].abs().max() > 0)]
+    if nonzero and not drop:
+        raise EngineError(
+            f"{source} has attention biases ({', '.join(sorted({k.split('.')[-2] for k in nonzero}))}; a Qwen2-family "
+            "drafter) but llama.cpp's DFlash graph has no bias on q/k/v/o, so it cannot run this drafter exactly. "
+            "Train the drafter without attention_bias, or pass --drop-attention-bias to export it anyway (its "
+            "drafts in llama.cpp will differ from ours; verification stays lossless)")
+    for key in biases:
+        del state[key]
+    notes.append("dropped the attention biases (--drop-attention-bias): llama.cpp drafts with a different model "
+                 "than ours, so its acceptance is not this drafter's" if nonzero else
+                 "dropped the attention biases: all zero, so nothing changes")
+    return biases
 
-    heads = dict(config.extra.get("heads") or {})
-    markov, confidence = heads.pop("markov", None), heads.pop("confidence", None)
-    for name in heads:
-        notes.append(f"dropped the {name} head (blockdraft's own; llama.cpp has no such head): llama.cpp drafts "
-                     "with the backbone, so its drafts differ from ours with the head on")
+
+def _dspark_heads(source: Path, markov: dict | None, confidence: dict | None, state: dict[str, torch.Tensor],
+                  notes: list[str]) -> None:
+    """Add the DSpark heads llama.cpp runs to `state`: the linear Markov head (any other variant is refused:
+    without it the drafts would differ), and the confidence head when it reads Markov features (else
+    dropped with a note: it only prunes)."""
     raw_heads = {}
     with safe_open(str(Path(source) / WEIGHTS_NAME), "pt") as handle:
         for key in handle.keys():
@@ -157,58 +199,17 @@ def prepare_export(drafter_dir: str | Path, target_dir: Path, folder: Path, *,
         extra = sorted(k for k in raw_heads if k.startswith("markov_head.") and "markov_w" not in k)
         if extra:
             raise EngineError(f"{source}'s Markov head has tensors llama.cpp does not read: {extra}")
-    if confidence is not None:
-        with_markov = bool(confidence.get("with_markov", confidence.get("markov_rank", 0))) \
-            if isinstance(confidence, dict) else False
-        if markov is None or not with_markov:
-            notes.append("dropped the confidence head: llama.cpp's reads [h_k ; W1[x_prev]] with a Markov head, "
-                         "this one reads h_k alone (drafts are unchanged: the head only prunes)")
-        else:
-            for key in ("confidence_head.proj.weight", "confidence_head.proj.bias"):
-                if key in raw_heads:
-                    state[key] = raw_heads[key].contiguous()
-
-    raw = config.to_dict()
-    raw["attention_bias"] = False if biases else raw.get("attention_bias", False)
-    d2t = None if model.vocab_map is None else model.vocab_map.d2t.to(torch.int64)
-    if d2t is not None and torch.equal(d2t, torch.arange(config.vocab_size)):
-        notes.append("dropped the draft vocabulary map: it kept every token in order")
-        d2t = None
-    dspark_class = markov is not None or d2t is not None or config.layout == "dspark"
-    if d2t is not None:
-        head = _target_tensor(target_dir, ("lm_head.weight",) if not target_config.get("tie_word_embeddings")
-                              else ("lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight"))
-        state["lm_head.weight"] = head[d2t].contiguous()  # (V_draft, H): the target's own rows, as we score
-        state["d2t"] = (d2t - torch.arange(d2t.numel())).contiguous()  # the converter reads offsets
-        raw["draft_vocab_size"] = int(d2t.numel())
-        notes.append(f"kept the {d2t.numel()}-token draft vocabulary as llama.cpp's d2t + the target's LM-head rows")
-    else:
-        raw.pop("draft_vocab_size", None)
-    if dspark_class:
-        raw["architectures"] = ["DSparkDraftModel"]
-        raw["sample_from_anchor"] = config.layout == "dspark"
-        raw["markov_head_type"] = "vanilla"
-    if config.is_dflash2 and dspark_class:
-        raise EngineError(f"{source} is a DFlash 2 drafter with a reduced vocabulary or a Markov head; llama.cpp's "
-                          "converter writes those only through its DSpark class, which has no DFlash 2 layers")
-    if config.is_dflash2:
-        notes.append("DFlash 2 drafter: passed to llama.cpp's DFlash2DraftModel conversion as is (not yet checked "
-                     "against a llama.cpp run)")
-    # the converter reads top-level fields; keep ours but drop what it would misread
-    raw.pop("heads", None)
-    stored = next(iter(state.values())).dtype
-    state = {key: (tensor if tensor.dtype in (torch.int64,) or not tensor.is_floating_point() else tensor.to(stored))
-             for key, tensor in state.items()}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_NAME).write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-    spec_type = "draft-dspark" if (markov is not None or config.layout == "dspark") else "draft-dflash"
-    facts = {"spec_type": spec_type, "block_size": config.block_size,
-             "max_drafts": config.block_size if config.layout == "dspark" else config.block_size - 1,
-             "draft_vocab_size": None if d2t is None else int(d2t.numel()), "layout": config.layout,
-             "markov": markov is not None, "confidence": "confidence_head.proj.weight" in state,
-             "dropped_attention_bias": bool(biases)}
-    return notes, facts
+    if confidence is None:
+        return
+    with_markov = bool(confidence.get("with_markov", confidence.get("markov_rank", 0))) \
+        if isinstance(confidence, dict) else False
+    if markov is None or not with_markov:
+        notes.append("dropped the confidence head: llama.cpp's reads [h_k ; W1[x_prev]] with a Markov head, "
+                     "this one reads h_k alone (drafts are unchanged: the head only prunes)")
+        return
+    for key in ("confidence_head.proj.weight", "confidence_head.proj.bias"):
+        if key in raw_heads:
+            state[key] = raw_heads[key].contiguous()
 
 
 def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: str | Path, *,
