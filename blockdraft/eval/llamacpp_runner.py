@@ -34,8 +34,6 @@ the target's is recorded with its error in results.json's `methods` and the benc
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,12 +43,9 @@ import torch
 
 from ..config import ConfigError
 from ..config import Option, choice as one_of, parse_options, positive_int, unit_interval
-from ..engines import llamacpp_export
-from ..engines.gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
-from ..engines.llamacpp import EngineError, engine_root, find_llamacpp
+from ..engines import llamacpp_cache, llamacpp_export
+from ..engines.llamacpp import EngineError, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
-from ..files import why_not_a_file
-from ..shipped import resolve_drafter
 from .measurement import Measurement
 
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
@@ -126,57 +121,11 @@ def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
     return LlamaCppSpec(mode, drafter.strip() or None, options)
 
 
-def target_gguf(target_name: str, choice: str, log=None) -> Path:
-    """The target GGUF file a `gguf=` option names (converting an HF folder once, when asked for f16/f32)."""
-    if choice.endswith(".gguf"):
-        if not Path(choice).is_file():
-            raise EngineError(f"target GGUF {choice} {why_not_a_file(Path(choice))}")
-        return Path(choice)
-    if choice == "q4_k_m":
-        return llamacpp_export.shipped_target_gguf(target_name)
-    out_file = llamacpp_export.target_gguf_path(target_name, choice)
-    return llamacpp_export.convert_target_gguf(target_name, out_file, outtype=choice, log=log)
-
-
 def runnable_target_gguf(model: Path, spec: "LlamaCppSpec", tree: Path | None = None, log=None) -> Path:
-    """The target file the server loads: `model` itself, or its `llama`-architecture copy (the same weights,
-    `engines/gguf_arch.py`) when `arch=llama`, or when `arch=auto` and a DFlash/DSpark draft needs the layer
-    hidden states that llama.cpp's graph for the file's own architecture does not expose (Qwen2)."""
-    arch = spec.options.get("arch", "auto")
-    if arch == "native":
-        return model
-    if arch == "auto" and (spec.mode not in ("dflash", "dspark")
-                           or llamacpp_export.gguf_architecture(model) != SOURCE_ARCH
-                           or SOURCE_ARCH in llamacpp_export.dflash_target_archs(tree)):
-        return model
-    copy = engine_root() / "gguf" / f"{model.stem}-as-llama.gguf"
-    if copy.is_file() and copy.stat().st_mtime >= model.stat().st_mtime:
-        return copy
-    return qwen2_gguf_as_llama(model, copy, log=log)
-
-
-def _draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, dict]:
-    """An exported drafter GGUF: given as one, or exported once into the engine's cache (keyed by content)."""
-    if drafter.endswith(".gguf"):
-        path = Path(drafter)
-        sidecar = path.with_name(path.name + ".json")
-        if not path.is_file() or not sidecar.is_file():
-            raise EngineError(f"{path} (and its .gguf.json from `blockdraft export --for llama.cpp`) must exist")
-        return path, json.loads(sidecar.read_text())
-    folder = Path(resolve_drafter(drafter))
-    digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors"):
-        with open(folder / name, "rb") as handle:
-            for chunk in iter(lambda: handle.read(8 << 20), b""):
-                digest.update(chunk)
-    digest.update(f"{target_name}|{drop_bias}".encode())
-    path = engine_root() / "drafts" / f"{folder.name}-{digest.hexdigest()[:12]}.gguf"
-    sidecar = path.with_name(path.name + ".json")
-    if path.is_file() and sidecar.is_file():
-        return path, json.loads(sidecar.read_text())
-    _, facts = llamacpp_export.export_drafter_gguf(folder, target_name, path, drop_attention_bias=drop_bias,
-                                                   overwrite=True)
-    return path, json.loads(sidecar.read_text()) if sidecar.is_file() else facts
+    """The target file the server loads for `spec` (`engines/llamacpp_cache.py`): a draft mode needs the layer
+    hidden states, which `arch=auto` gets from the file's `llama`-architecture copy where its own graph lacks them."""
+    return llamacpp_cache.runnable_target_gguf(model, arch=spec.options.get("arch", "auto"),
+                                               drafts=spec.mode in ("dflash", "dspark"), tree=tree, log=log)
 
 
 def server_arguments(spec: LlamaCppSpec, facts: dict | None) -> list[str]:
@@ -228,18 +177,20 @@ class LlamaCppRunner:
 
     def start(self) -> None:
         build = find_llamacpp()
-        model = runnable_target_gguf(target_gguf(self.target_name, self.spec.gguf), self.spec, build.tree,
-                                     log=lambda line: print(f"  [{self.method}] {line}", file=sys.stderr, flush=True))
+        say = lambda line: print(f"  [{self.method}] {line}", file=sys.stderr, flush=True)  # noqa: E731
+        model = runnable_target_gguf(llamacpp_cache.target_gguf(self.target_name, self.spec.gguf), self.spec,
+                                     build.tree, log=say)
         draft, facts = None, None
         if self.spec.mode in ("dflash", "dspark"):
             llamacpp_export.check_dflash_target(model, build.tree)
-            draft, facts = _draft_gguf(self.spec.drafter, self.target_name,
-                                       self.spec.options.get("drop_bias", "off") == "on")
+            draft, facts = llamacpp_cache.draft_gguf(self.spec.drafter, self.target_name,
+                                                     self.spec.options.get("drop_bias", "off") == "on")
         extra = server_arguments(self.spec, facts)
         log = None if self.log_dir is None else self.log_dir / "llamacpp-logs" / (_slug(self.method) + ".log")
         self.info.update({"kind": "llamacpp", "mode": self.spec.mode, "target_gguf": str(model),
                           "target_gguf_kind": self.spec.gguf,
-                          "target_arch": _arch(model), "draft_gguf": None if draft is None else str(draft),
+                          "target_arch": llamacpp_cache.architecture_or_unreadable(model),
+                          "draft_gguf": None if draft is None else str(draft),
                           "draft": facts, "server_args": extra, "log": None if log is None else str(log),
                           "threads": self.threads, "llamacpp": build.marker().get("package")})
         self.server = LlamaServer(build.server, model, draft=draft, extra_args=extra, threads=self.threads,
@@ -275,15 +226,6 @@ class LlamaCppRunner:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
-
-
-def _arch(path: Path) -> str:
-    """The file's `general.architecture` for the record ("unreadable" when the reader fails: the server,
-    not this record, is the judge of a file)."""
-    try:
-        return llamacpp_export.gguf_architecture(path)
-    except (ValueError, IndexError, OSError):
-        return "unreadable"
 
 
 def _slug(text: str) -> str:
