@@ -1,4 +1,4 @@
-"""DSpark: a DFlash backbone + Markov head + confidence head, composed (the DSpark notebook §4-§8).
+"""DSpark: a DFlash backbone + Markov head + confidence head, composed (DSpark, Cheng et al.).
 
 Decoding must stay lossless with every head on (greedy equality in float32, the sampling
 chi-square test of tests/test_decode_sampling.py), pruning must shorten proposals, heads must

@@ -93,7 +93,7 @@ def test_soft_cross_entropy_matches_reference():
 
 def test_default_gamma_table_and_rule():
     assert [L.default_gamma(b) for b in (16, 12, 10, 8)] == [7, 6, 5, 4]
-    assert L.default_gamma(7) == 4  # DSpark layout (the DSpark notebook)
+    assert L.default_gamma(7) == 4  # DSpark layout (DSpark, Cheng et al.)
     assert L.default_gamma(9) == 4 and L.default_gamma(14) == 6 and L.default_gamma(32) == 7
 
 

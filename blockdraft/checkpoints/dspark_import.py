@@ -1,4 +1,4 @@
-"""Import released DSpark checkpoints (DeepSpec `dspark_*`, the DSpark notebook §4) into the blockdraft format.
+"""Import released DSpark checkpoints (DeepSpec `dspark_*`; DSpark, Cheng et al.) into the blockdraft format.
 
 A DSpark `config.json` is the target's Qwen3 config plus top-level `block_size`, `mask_token_id`,
 `target_layer_ids`, `num_target_layers`, `num_anchors`, `markov_rank`, `markov_head_type`,

@@ -9,8 +9,8 @@ committed tokens per second,
 
     k* = argmax_k  sum_r (1 + sum_{i <= min(k, n_r)} prod_{j <= i} a_j)  /  t_R(k),
 
-the numerator the expected committed tokens of the round (the DSpark notebook's expected-acceptance
-sum, as the cost-aware pruning of `drafters/pruning.py` uses per row), with n_r the tokens row r
+the numerator the expected committed tokens of the round (DSpark's expected-acceptance sum,
+Cheng et al., as the cost-aware pruning of `drafters/pruning.py` uses per row), with n_r the tokens row r
 proposed (lookup proposes nothing without a match), a_j the chance that slot j is accepted when the
 slots before it were, counted over this run's earlier rounds, and t_R(k) a verify pass over R rows of
 k + 1 tokens timed on this machine once per target (`cost.py::VerifyCost`; the rule is `cost.py`'s). The

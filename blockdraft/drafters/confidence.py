@@ -1,6 +1,6 @@
 """DSpark's confidence head: the chance that slot k survives verification, for pruning the block.
 
-    c_k = σ(proj([h_k ; W1[x_{k-1}]]))          (the DSpark notebook §5)
+    c_k = σ(proj([h_k ; W1[x_{k-1}]]))          (DSpark, Cheng et al.: the confidence head)
 
 reading the Markov head's W1 rows (DSpark's `confidence_head_with_markov`), which it finds in its
 `HeadContext` (`context.heads["markov"]`); without the Markov features it reads h_k alone. It scores

@@ -1,11 +1,11 @@
-"""DSpark's Markov head, a slot head on a DFlash backbone (the DSpark notebook §4; DeepSpec reference).
+"""DSpark's Markov head, a slot head on a DFlash backbone (DSpark, Cheng et al.; DeepSpec reference).
 
 The backbone scores every slot of a block in one parallel pass (base logits U_k);
 the head adds a previous-token bias while the block is drafted left to right,
 
     logits_k = U_k + W2(W1[x_{k-1}])        W1: Embedding(V, r), W2: Linear(r, V_out), r = 256
 
-(the DSpark notebook §4, "The Markov head, precisely"), with x_0 the anchor. Variants, following the
+(DSpark, Cheng et al.: the Markov head), with x_0 the anchor. Variants, following the
 DeepSpec reference (`markov_head_type` vanilla / gated / rnn):
   - "linear" (DSpark's "vanilla"): the bias above, memoryless.
   - "gated": the latent W1[x] is scaled element-wise by g = σ(gate_proj([h_k ; W1[x]])) before
@@ -68,7 +68,7 @@ class MarkovHead(SlotHead):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """W2 = 0: a fresh head adds no bias, so it starts as pure parallel drafting (the DSpark notebook §8.2)."""
+        """W2 = 0: a fresh head adds no bias, so it starts as pure parallel drafting (DSpark's initialisation, Cheng et al.)."""
         nn.init.normal_(self.markov_w1.weight, std=0.02)
         nn.init.zeros_(self.markov_w2.weight)
         for name in ("gate_proj", "joint_proj"):

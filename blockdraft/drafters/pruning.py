@@ -30,7 +30,7 @@ def cost_aware_length(confidence: torch.Tensor, verify_cost: Callable[[int], flo
     keeps rising; confidence (K,).
 
     The numerator is the expected committed tokens of a round verifying k proposals when c_k is the
-    chance slot k survives given the slots before it (the DSpark notebook §5; acceptance.prefix_products):
+    chance slot k survives given the slots before it (DSpark, Cheng et al.; acceptance.prefix_products):
     E[accepted] = Σ_{i≤k} Π_{j≤i} c_j, plus the correction/bonus token. The block stops growing at
     the first slot that does not raise the rate (ties go to the shorter block), so slot k is kept on
     c_1..c_k alone; for falling confidences and a convex cost curve that is the rate's maximum.

@@ -1,4 +1,5 @@
-"""Every number of a bench report, as pure functions of the content of `results.json` (STYLE 9).
+"""Every number of a bench report, as pure functions of the content of `results.json`,
+so a report is re-drawn from the raw counts without re-running the bench.
 
 Definitions (a *run* is one (method, block size) pair, a *unit* one prompt of a
 dataset with all its turns, the resampling unit of the bootstrap):
@@ -23,7 +24,7 @@ dataset with all its turns, the resampling unit of the bootstrap):
   slot beyond the end of the generation has no reference token: it counts as not correct and is
   reported as *unknown*.
 - **verification cost** = (mean proposed per round + 1) / tau: target positions verified per
-  committed token (the DSpark notebook §6; the confidence sweep's cost axis).
+  committed token (DSpark, Cheng et al.; the confidence sweep's cost axis).
 - **surrogate check**: per round, S~ = Σ_k Π_{i≤k} q_i of the drafter's probabilities of its own
   proposals (D-PACE Eq. 4, `acceptance.expected_accept_length`), against the realised emitted
   length; Spearman rho (scipy) over all rounds of a run.
@@ -266,13 +267,13 @@ class Surrogate:
 @dataclass(frozen=True)
 class VerificationCost:
     rounds: int
-    mean_proposed: float  # drafted tokens sent to verification per round (gamma in the DSpark notebook §6)
+    mean_proposed: float  # drafted tokens sent to verification per round (DSpark's gamma, Cheng et al.)
     tau: float
     cost: float  # (mean proposed + 1) / tau: target positions verified per committed token
 
 
 def verification_cost(records: Iterable[Mapping]) -> VerificationCost | None:
-    """The DSpark notebook's cost axis: (proposed + 1) / tau, pooled over every round of the records."""
+    """DSpark's cost axis (Cheng et al.): (proposed + 1) / tau, pooled over every round of the records."""
     rounds = _rounds(records)
     proposed = [p for r in rounds for p in r["proposed"]]
     emitted = [e for r in rounds for e in r["emitted"]]

@@ -1,4 +1,5 @@
-"""`report.md` and PNG plots, derived from the content of `results.json` alone (STYLE 9).
+"""`report.md` and PNG plots, derived from the content of `results.json` alone, so a report
+is re-drawn without re-running the bench.
 
 The same results give the same `report.md`, byte for byte (the bootstrap is seeded; no clock is
 read), so `blockdraft report results.json` redraws a report without re-running anything.

@@ -5,7 +5,7 @@ as explicit keyword arguments, which the trainer's teacher-forced batch supplies
 (``train/batch.py``): ``dspark_heads`` the target's logits and the confidence logits, ``domino``
 the backbone's own logits (the base branch) and the branch weight λ.
 
-DSpark (``dspark_heads``), per slot k of a block (the DSpark notebook §8; DeepSpec `compute_dspark_loss`):
+DSpark (``dspark_heads``), per slot k of a block (DSpark, Cheng et al.: its training loss; DeepSpec `compute_dspark_loss`):
 
     0.1·CE(U_k + bias_k, z*_k) + 0.9·‖q_k − p_k‖₁ + 1.0·BCE(c_k, clamp(1 − ½‖q_k − p_k‖₁, 0, 1))
 
