@@ -87,7 +87,7 @@ def test_save_load_round_trip_gives_identical_logits(tmp_path):
     logits = []
     for d in (drafter, loaded):
         d.reset(ids[:, :-1], features)
-        logits.append(d.draft_block_logits(ids, 5))
+        logits.append(d.draft_block(ids, 5)[1])
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
 
 
@@ -104,7 +104,7 @@ def test_batched_training_forward_equals_inference_path():
         batched = draft_logits_for_blocks(drafter, full, blocks)  # (n, B-1, V)
     for b, anchor in enumerate(anchors.tolist()):
         drafter.reset(seq[None, :anchor], full[:, :anchor])
-        alone = drafter.draft_block_logits(seq[None, :anchor + 1], 4)
+        alone = drafter.draft_block(seq[None, :anchor + 1], 4)[1]
         torch.testing.assert_close(batched[b], alone, atol=1e-4, rtol=1e-4)
     # Labels: slot k of the block at anchor a is the token at a + k; past the end they are masked.
     assert blocks.labels[0].tolist() == seq[4:8].tolist()
@@ -117,11 +117,11 @@ def test_drafter_cache_extends_incrementally_like_a_fresh_context():
     seq = torch.randint(1, 200, (1, 25)).to(target.device)
     features = target.forward(seq, 0, target.new_cache(), drafter.target_layer_ids).features
     drafter.reset(seq[:, :10], features[:, :10])
-    drafter.draft_block_logits(seq[:, :11], 3)
+    drafter.draft_block(seq[:, :11], 3)[1]
     drafter.commit(15, features[:, 10:14])
-    incremental = drafter.draft_block_logits(seq[:, :15], 3)
+    incremental = drafter.draft_block(seq[:, :15], 3)[1]
     drafter.reset(seq[:, :14], features[:, :14])
-    fresh = drafter.draft_block_logits(seq[:, :15], 3)
+    fresh = drafter.draft_block(seq[:, :15], 3)[1]
     torch.testing.assert_close(incremental, fresh, atol=1e-5, rtol=1e-5)
 
 

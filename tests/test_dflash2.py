@@ -57,7 +57,7 @@ def test_a_fresh_dflash2_computes_exactly_its_dflash1_backbone(selector):
         features = target.forward(prompt[:, :-1], 0, target.new_cache(), dflash1.target_layer_ids).features
         for drafter in (dflash1, dflash2):
             drafter.reset(prompt[:, :-1], features)
-        assert torch.equal(dflash1.draft_block_hidden(prompt, 5), dflash2.draft_block_hidden(prompt, 5))
+        assert torch.equal(dflash1.draft_block(prompt, 5)[0], dflash2.draft_block(prompt, 5)[0])
         for drafter in (dflash1, dflash2):
             drafter.reset(prompt[:, :-1], features)
         greedy = SamplingConfig()
@@ -564,7 +564,7 @@ def test_selector_trees_are_lossless_and_hold_the_selector_chain():
     chain = drafter.propose(prompt, 7, SamplingConfig(), None)
     drafter.reset(prompt[:, :-1], features)
     with torch.inference_mode():
-        block = drafter.draft_block_hidden(prompt, 7)
+        block = drafter.draft_block(prompt, 7)[0]
         tokens, parents, scores = selector_tree(drafter.model.candidate_selector, block, drafter.head(block),
                                                 int(prompt[0, -1]), 64)
     assert all(a >= b - 1e-6 for a, b in zip(scores, scores[1:]))  # best-first: path scores never rise

@@ -255,7 +255,7 @@ def test_sampled_proposals_carry_markov_corrected_distributions(small_target):
     drafter.reset(ids[:, :-1], features)
     proposal = drafter.propose(ids, 2, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
     backbone.reset(ids[:, :-1], features)
-    base = backbone.draft_block_logits(ids, 2).float()  # (2, V)
+    base = backbone.draft_block(ids, 2)[1].float()  # (2, V)
     prev = torch.stack([ids[0, -1], proposal.tokens[0]])
     with torch.no_grad():
         expected = torch.softmax(base + markov.markov_w2(markov.markov_w1(prev)), dim=-1)

@@ -160,7 +160,7 @@ def assert_zlab_drafts_like_us(target, drafter, folder):
     for prompt in prompts(2, length=9, seed=7):
         features = target.forward(prompt[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features
         drafter.reset(prompt[:, :-1], features)
-        ours = drafter.draft_block_logits(prompt, drafter.max_proposals)
+        ours = drafter.draft_block(prompt, drafter.max_proposals)[1]
         torch.testing.assert_close(zlab_block_logits(model, target, prompt, features), ours, rtol=1e-4, atol=1e-4)
 
 
@@ -276,7 +276,7 @@ def test_vllm_export_of_a_reduced_vocabulary_writes_d2t_offsets_and_the_kept_lm_
     assert torch.equal(state["lm_head.weight"], target.lm_head.weight[vocab])
     ids = prompts(1, seed=3)[0]
     drafter.reset(ids[:, :-1], target.forward(ids[:, :-1], 0, target.new_cache(), drafter.target_layer_ids).features)
-    hidden = drafter.draft_block_hidden(ids, 4)
+    hidden = drafter.draft_block(ids, 4)[0]
     ours = drafter.head.to_target_probs(torch.softmax(drafter.head(hidden), dim=-1))
     torch.testing.assert_close(vllm_probs(hidden, state["lm_head.weight"], state["d2t"], 256), ours)
 

@@ -250,12 +250,6 @@ class DFlashDrafter:
         hidden, logits = self.rows.draft_block([0], [ids], [num_proposals])
         return hidden[0], logits[0]
 
-    def draft_block_hidden(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
-        return self.draft_block(ids, num_proposals)[0]  # (k, H)
-
-    def draft_block_logits(self, ids: torch.Tensor, num_proposals: int) -> torch.Tensor:
-        return self.draft_block(ids, num_proposals)[1]  # (k, V_draft)
-
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         return self.rows.propose([0], [ids], [num_proposals], sampling, [generator])[0]
