@@ -85,5 +85,8 @@ def test_heldout_is_the_same_and_training_sets_nest_across_sizes_and_lengths(cor
     assert ids_of(short, split, short_held) == ids_of(small, split, small_held)
     assert all(len(a) <= 24 and a.input_ids.tolist() == b.input_ids.tolist()[:len(a)]
                for a, b in zip((short[p] for p in short_held), (small[p] for p in small_held)))
+    everything, every_train, _ = split_dataset(split, by_id, tokenizer, train_conversations=None, max_length=64,
+                                               min_length=5)
+    assert len(every_train) == len(everything) - 20 and every_train[:200] == large_train
     with pytest.raises(SplitError, match="use at most"):
         split_dataset(split, by_id, tokenizer, train_conversations=CORPUS, max_length=64, min_length=5)

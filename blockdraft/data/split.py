@@ -146,7 +146,9 @@ def split_dataset(split: Split, by_id: dict[str, list[Message]], tokenizer, *, t
         if len(trains) >= wanted or take == len(train_ids):
             break
         take = min(len(train_ids), take * 2)
-    if len(trains) < wanted:
+    if train_conversations is None:
+        wanted = len(trains)
+    elif len(trains) < wanted:
         raise SplitError(f"train_conversations={wanted} but only {len(trains)} training conversations of the split "
                          f"tokenise within max_length={max_length}; use at most {len(trains)}")
     dataset = dataset.subset(held + trains[:wanted])

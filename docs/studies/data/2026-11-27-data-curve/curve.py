@@ -144,6 +144,50 @@ def score(S: Path, which: str, n: int) -> None:
     stage(S, f"score-{which}", work)
 
 
+def plan(S: Path, sizes: list[int]) -> None:
+    """plan.json, before the work: every training conversation of the split tokenised (nothing else), the tokens,
+    disk and (at the last measured feature rate, if any) hours each size needs, the free disk, and the largest
+    size the data holds."""
+    if (S / "plan.json").exists():
+        return
+    import shutil
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from blockdraft.data.split import fixed_split, split_dataset
+    from blockdraft.runs import find_data
+    from blockdraft.target import resolve_model_path
+    from blockdraft.train.config import TrainConfig
+    from blockdraft.train.features import bytes_per_token
+
+    config = TrainConfig.load(S / "recipe.json", overrides(S, 1))
+    split, by_id = fixed_split(config.split, find_data(config.data), heldout=config.heldout)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.target))
+    dataset, train_ids, heldout = split_dataset(split, by_id, tokenizer, train_conversations=None,
+                                                max_length=config.max_length, min_length=config.block_size + 1)
+    tokens = np.cumsum([len(item) for item in dataset]).tolist()  # (heldout + all training,)
+    per_token = bytes_per_token(896 * len(config.target_layer_ids), torch.bfloat16, config.resolved_cache_topk())
+    rates = [json.loads(line) for line in (S / "stages.jsonl").read_text().splitlines()] \
+        if (S / "stages.jsonl").exists() else []
+    cache_rows = [r for r in rates if r["stage"].startswith("cache-")]
+    rate = None
+    if cache_rows and (S / "cache-400.done").exists():
+        rate = json.loads((S / "cache-400.done").read_text())["tokens"] / cache_rows[0]["wall_s"]
+    out = {"heldout_kept": len(heldout), "training_conversations_usable": len(train_ids),
+           "bytes_per_token": per_token, "free_disk_bytes": shutil.disk_usage(S).free, "feature_tok_per_s_wall": rate,
+           "sizes": {}}
+    for n in sizes + [len(train_ids)]:
+        if n > len(train_ids):
+            out["sizes"][str(n)] = "more than the split's usable training conversations"
+            continue
+        count = tokens[len(heldout) + n - 1]
+        out["sizes"][str(n)] = {"tokens": count, "disk_bytes": count * per_token,
+                                "hours_at_rate": count / rate / 3600 if rate else None}
+    (S / "plan.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"[curve] plan: {json.dumps(out)}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     S, phase, rest = Path(argv[0]), argv[1], argv[2:]
@@ -155,6 +199,8 @@ def main(argv: list[str]) -> int:
             score(S, str(n), n)
             score(S, "shipped", sizes[0])
         print("[curve] all done", flush=True)
+    elif phase == "plan":
+        plan(S, [int(n) for n in rest])
     elif phase == "cache":
         cache(S, int(rest[0]))
     elif phase == "train":

@@ -1,0 +1,69 @@
+"""Collect what the data curve has measured so far into this folder (small files only):
+
+    python summarize.py [S] [OUT]      (S: ~/.cache/blockdraft/studies/data-curve, OUT: this folder)
+
+Copies stages.jsonl, the split, the cache markers, score-*.json and each run's metrics.jsonl (held-out rows
+and every 100th training row) and train_config.json, then writes summary.json: per stage its wall and CPU
+seconds; per cache size its sequences, tokens, disk bytes, disk per conversation and per token, and the
+feature pass's rate; per training size its steps, s/step, the held-out expected tau at each evaluation and
+the final score with its 95% interval.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def main(argv: list[str]) -> int:
+    S = Path(argv[0] if argv else Path.home() / ".cache/blockdraft/studies/data-curve")
+    out = Path(argv[1] if len(argv) > 1 else Path(__file__).parent)
+    for name in ("stages.jsonl", "split.json", "split.sha256", "code.commit", "recipe.json"):
+        if (S / name).exists():
+            shutil.copy(S / name, out / name)
+    stages = rows(S / "stages.jsonl")
+    summary: dict = {"stages": stages, "caches": {}, "runs": {}, "scores": {}}
+    previous_tokens = 0
+    for marker in sorted(S.glob("cache-*.done"), key=lambda m: int(m.stem.split("-")[1])):
+        size = marker.stem.split("-")[1]
+        info = json.loads(marker.read_text())
+        shutil.copy(marker, out / marker.name)
+        stage = next((s for s in stages if s["stage"] == f"cache-{size}"), None)
+        written = info["tokens"] - previous_tokens  # this stage's tokens (the cache grows from the last size)
+        previous_tokens = info["tokens"]
+        rates = {"tok_per_s_wall": written / stage["wall_s"], "tok_per_cpu_s": written / stage["cpu_s"]} if stage else {}
+        summary["caches"][size] = {**info, "disk_bytes_per_token": info["disk_bytes"] / max(1, info["tokens"]),
+                                   "disk_mib_per_conversation": info["disk_bytes"] / max(1, info["sequences"]) / 2**20,
+                                   "tokens_this_stage": written, **rates, "stage": stage}
+    for run in sorted((S / "runs").glob("n*")):
+        size = run.name[1:]
+        metrics = rows(run / "metrics.jsonl")
+        (out / "runs" / run.name).mkdir(parents=True, exist_ok=True)
+        kept = [r for r in metrics if "eval" in r or (r.get("step", 1) - 1) % 100 == 0]
+        (out / "runs" / run.name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if (run / "train_config.json").exists():
+            shutil.copy(run / "train_config.json", out / "runs" / run.name / "train_config.json")
+        evals = [{"step": r["step"], "expected_tau": r["eval"]["expected_tau"],
+                  "slot1_accuracy": r["eval"]["per_position_accuracy"][0]} for r in metrics if "eval" in r]
+        steps = [r for r in metrics if "loss" in r]
+        step_s = [r["step_s"] for r in steps if "step_s" in r]
+        summary["runs"][size] = {"steps_logged": steps[-1]["step"] if steps else 0, "evals": evals,
+                                 "mean_step_s": sum(step_s) / len(step_s) if step_s else None,
+                                 "final": (run / "final").is_dir()}
+    for score in sorted(S.glob("score-*.json")):
+        data = json.loads(score.read_text())
+        shutil.copy(score, out / score.name)
+        summary["scores"][score.stem.split("-", 1)[1]] = {k: v for k, v in data.items() if k != "per_conversation"}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "stages"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
