@@ -11,19 +11,26 @@ times the speed of regeneration, and the drafters trained on it matched regenera
 
 Every stage resumes: regeneration appends to its JSONL, the feature pass continues its cache, training
 continues from its latest checkpoint, the benchmark skips prompts already measured. `--budget` (minutes)
-is kept by the clock: the plan is sized from a probe of this machine's throughput (`probe_throughput`, a
-few seconds), and every stage, the teacher-forced feature pass included, stops starting new work when its
-share of the time is spent, leaving what it has done usable (a partial feature cache trains on what it holds).
+is kept by the clock, on a machine shared with other work too. The job is a table of stages (`STAGES`) and
+a short driver: each stage gets its share of the time left among the stages still to run
+(`stage_seconds`), so time a stage does not use goes to the ones after it, and sizes its work when it
+starts from the throughput measured so far (the probe, `probe_throughput`; a decoding step timed again
+after training; the benchmark's own plain decoding for the float32 check). Every stage, the teacher-forced
+feature pass included, stops starting new work at its deadline, leaving what it has done usable (a partial
+feature cache trains on what it holds). The float32 check holds back what checking the trained drafter
+needs, checks it first, and is skipped up front, with the reason, when that cannot fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, DynamicCache
@@ -39,6 +46,7 @@ from .data.sources import SOURCES, conversations_file
 from .eval import metrics as M
 from .eval.bench import BenchConfig, parse_dataset, render_chat, run_bench
 from .eval.methods import build_runners
+from .eval.runner import close_runners
 from .eval.report import MIN_PROMPTS, format_interval, speedup_cautions
 from .files import check_location, write_text_atomic
 from .target import Target, load_target, native_bf16
@@ -51,12 +59,14 @@ RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distil
            "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
 
 
-# Shares of the time left after fetching; the rest goes to the probe, the float32 check and the report.
-# Each stage stops starting new work (a regeneration batch, a cached sequence, a training step, a benchmark
-# prompt) when its share is spent, so the whole job keeps to the budget on a slow machine as on a fast one.
+# Shares of the budget; each stage gets its share of the time left among the stages still to run, so time
+# a stage does not use goes to the ones after it (`stage_seconds`). Each stops starting new work (a
+# regeneration batch, a cached sequence, a training step, a benchmark prompt) at its deadline, so the job
+# keeps to the budget on a slow or shared machine as on a fast one.
 SHARES = {"regen": 0.30, "train": 0.30, "bench": 0.25}
 CHECK_SHARE = 0.10  # a float32 check run apart from a bf16 benchmark; a float32 benchmark answers it for free
 FEATURES_SHARE = 0.45  # of the training share (with existing answers): the teacher-forced feature pass
+REPORT_S = 30.0  # the summary and the report, after the last stage
 MAX_LENGTH = 768  # tokens per training conversation
 TOPK = 32  # the cached top-k log-probabilities (train.config.DEFAULT_CACHE_TOPK)
 # The drafter the quickstart trains, for its cost per step: one layer, 64 anchors x blocks of 8, an
@@ -69,6 +79,14 @@ BENCH_PROMPTS = 10  # the benchmark asks for at most this many; its hard deadlin
 # A drafter memorises its data from about 14 steps per training conversation on (docs/studies, data and
 # schedule): the steps the time buys are capped there, so a fast machine does not train past it.
 STEPS_PER_CONVERSATION = 14
+CHECK_TOKENS = (8, 32)  # new tokens the float32 check decodes with each method: the fewest it runs, the most
+FP32_STEP = 2.0  # a float32 step costs about two bf16 steps on a native-bf16 CPU (docs/hardware.md)
+FP32_LOAD = 1.5  # loading the target in float32, against the probe's loading at `auto` precision
+# A method's first float32 run, its building included (a measured tree times verify passes), against plain
+# decoding's run of as many tokens; later methods are predicted from the slowest ratio seen.
+CHECK_METHOD_COST = 3.0
+CHECK_MOST = 0.25  # of the budget: a check that needs more is skipped up front (the benchmark gets its time)
+CHECK_GRACE = 0.05  # of the budget: the trained drafter's check may end this far past the deadline (+10% kept)
 
 
 def bench_share(dtype: str) -> float:
@@ -78,7 +96,7 @@ def bench_share(dtype: str) -> float:
 
 @dataclass(frozen=True)
 class Throughput:
-    """What a few seconds of the target on this machine say (`probe_throughput`)."""
+    """What a few seconds of the target on this machine say (`probe_throughput`, `remeasure`)."""
 
     dtype: str  # "bf16" or "fp32": `auto` on this machine (bf16 only where native), for every stage
     pass_tok_s: float  # a teacher-forced pass (features, logits and top-k) over one sequence, tokens per second
@@ -86,6 +104,49 @@ class Throughput:
     step_target_tokens: float  # one drafter training step costs about a pass over this many target tokens
     load_s: float  # loading the target
     probe_s: float  # the whole probe, loading included
+
+
+def train_work(seconds: float, speed: Throughput, *, answers: bool) -> tuple[int, int]:
+    """(feature tokens, training steps) that `seconds` of training buy at `speed`. With existing answers the
+    feature pass gets FEATURES_SHARE of them and the steps the rest."""
+    features_s = FEATURES_SHARE * seconds if answers else 0.0
+    step_s = speed.step_target_tokens / speed.pass_tok_s
+    if not answers:  # regeneration made the data; the features of its few conversations come online-cheap
+        step_s *= 1.2
+    return int(features_s * speed.pass_tok_s), int(max(10, (seconds - features_s) / step_s))
+
+
+def bench_work(seconds: float, speed: Throughput, *, methods: int, prompt_tokens: int) -> tuple[int, int]:
+    """(prompts, new tokens per prompt) that `seconds` of benchmark buy: every one of `methods` loads, warms
+    up once, then prefills `prompt_tokens` and decodes per prompt. MIN_PROMPTS prompts first (one prompt
+    measures nothing), then new tokens up to BENCH_TOKENS[1]; at BENCH_TOKENS[0] tokens, as many prompts as
+    fit, at least one."""
+    bench_s = seconds - 2 * speed.load_s  # the target, the small draft, the drafters
+    prefill_s = prompt_tokens / speed.pass_tok_s
+    warm_ups = methods * (prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)  # once, on the first prompt
+    per_token = methods * SLOWER * speed.step_s  # a new token of every method, one prompt
+    fewest, most = BENCH_TOKENS
+    tokens = (bench_s - warm_ups - MIN_PROMPTS * methods * prefill_s) / (MIN_PROMPTS * per_token)
+    bench_tokens = int(min(most, max(fewest, tokens)))
+    one_prompt = methods * prefill_s + bench_tokens * per_token
+    prompts = int(min(BENCH_PROMPTS, max(1, (bench_s - warm_ups) // max(one_prompt, 1e-9))))
+    return max(1, prompts), bench_tokens
+
+
+def check_seconds(tokens: int, speed: Throughput, prompt_tokens: int, *, methods: int = 1) -> float:
+    """What the separate float32 check costs: load the target in float32, then plain decoding and `methods`
+    methods (the trained drafter's first) each prefill the prompt and decode `tokens` tokens."""
+    run_s = FP32_STEP * (prompt_tokens / speed.pass_tok_s + tokens * speed.step_s)
+    return FP32_LOAD * speed.load_s + run_s * (1 + CHECK_METHOD_COST * methods)
+
+
+def check_tokens(seconds: float, speed: Throughput, prompt_tokens: int) -> int | None:
+    """The most tokens (within CHECK_TOKENS) whose float32 check fits `seconds`; None when not even the fewest."""
+    fewest, most = CHECK_TOKENS
+    for tokens in range(most, fewest - 1, -8):
+        if check_seconds(tokens, speed, prompt_tokens) <= seconds:
+            return tokens
+    return None
 
 
 @dataclass(frozen=True)
@@ -116,42 +177,50 @@ class Plan:
     @classmethod
     def for_machine(cls, minutes: float, left_s: float, speed: Throughput, *, answers: bool, methods: int,
                     prompt_tokens: int) -> "Plan":
-        """The work each stage's share of `left_s` seconds buys at the probed `speed`.
-
-        With existing answers (`answers`), the feature pass gets FEATURES_SHARE of the training share
-        and the steps the rest. The benchmark's share (every one of `methods` warms up once, then prefills
-        `prompt_tokens` and decodes per prompt) buys MIN_PROMPTS prompts first, then new tokens up to
-        BENCH_TOKENS[1]; at BENCH_TOKENS[0] tokens it buys as many prompts as fit, at least one.
-        """
+        """The work each stage's share of `left_s` seconds buys at the probed `speed` (`train_work`,
+        `bench_work`): the first plan, which each stage sizes again from the time and speed it starts with."""
         shape = cls.for_budget(minutes)
         train_s = (SHARES["train"] + (SHARES["regen"] if answers else 0.0)) * left_s
-        features_s = FEATURES_SHARE * train_s if answers else 0.0
-        feature_tokens = int(features_s * speed.pass_tok_s)
-        step_s = speed.step_target_tokens / speed.pass_tok_s
-        if not answers:  # regeneration makes the data; the features of its few conversations come online-cheap
-            step_s *= 1.2
-        train_steps = int(max(10, (train_s - features_s) / step_s))  # capped by the data at train time
-        bench_s = bench_share(speed.dtype) * left_s - 2 * speed.load_s  # the target, the small draft, the drafters
-        prefill_s = prompt_tokens / speed.pass_tok_s
-        warm_ups = methods * (prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)  # once, on the first prompt
-        per_token = methods * SLOWER * speed.step_s  # a new token of every method, one prompt
-        # Prompts before tokens: MIN_PROMPTS prompts separate a speedup from noise, one prompt measures
-        # nothing. Tokens fill what MIN_PROMPTS prompts leave, within [BENCH_TOKENS[0], BENCH_TOKENS[1]];
-        # when even the fewest tokens do not fit MIN_PROMPTS prompts, fewer prompts run.
-        fewest, most = BENCH_TOKENS
-        tokens = (bench_s - warm_ups - MIN_PROMPTS * methods * prefill_s) / (MIN_PROMPTS * per_token)
-        bench_tokens = int(min(most, max(fewest, tokens)))
-        one_prompt = methods * prefill_s + bench_tokens * per_token
-        bench_prompts = int(min(BENCH_PROMPTS, max(1, (bench_s - warm_ups) // max(one_prompt, 1e-9))))
+        feature_tokens, train_steps = train_work(train_s, speed, answers=answers)
+        prompts, tokens = bench_work(bench_share(speed.dtype) * left_s, speed, methods=methods,
+                                     prompt_tokens=prompt_tokens)
         return cls(train_conversations=shape.train_conversations, regen_tokens=shape.regen_tokens,
-                   train_steps=train_steps, bench_prompts=max(1, bench_prompts), bench_tokens=bench_tokens,
+                   train_steps=train_steps, bench_prompts=prompts, bench_tokens=tokens,
                    feature_tokens=feature_tokens)
 
 
+def _timed_steps(target, ids: torch.Tensor, steps: int) -> float:
+    """The median time of `steps` cached one-token steps after an 8-token prefill of `ids` (1, >= 8 + steps)."""
+    with torch.no_grad():
+        cache = DynamicCache()
+        target.model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        times = []
+        for position in range(8, 8 + steps):
+            timed = time.monotonic()
+            target.model(input_ids=ids[:, position:position + 1], past_key_values=cache, use_cache=True)
+            times.append(time.monotonic() - timed)
+    return sorted(times)[len(times) // 2]
+
+
+def _timed_pass(target, ids: torch.Tensor) -> float:
+    """Seconds of one teacher-forced pass over `ids` (features, logits and the top-k part, as the feature
+    pass runs them)."""
+    layer = max(0, target.num_layers - 2)
+    timed = time.monotonic()
+    out = target.features(ids, [layer], with_logits=True)
+    topk_log_probs(out.logits[0], TOPK)
+    return time.monotonic() - timed
+
+
+def _probe_ids(target, tokens: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, min(target.vocab_size, 32000), (1, tokens), generator=generator)  # (1, T)
+
+
 def probe_throughput(target, *, tokens: int = 64, steps: int = 3, load_s: float | None = None) -> Throughput:
-    """Time one teacher-forced pass over `tokens` tokens (features, logits and the top-k part, as the feature
-    pass runs them) and `steps` cached one-token steps of `target`: a loaded target (`load_s`: the seconds its
-    loading took), or a name or folder loaded here at `auto` precision (bf16 only where native)."""
+    """Time one teacher-forced pass over `tokens` tokens and `steps` cached one-token steps of `target`: a
+    loaded target (`load_s`: the seconds its loading took), or a name or folder loaded here at `auto`
+    precision (bf16 only where native)."""
     if tokens < 8 + steps:
         raise ConfigError(f"the probe needs at least {8 + steps} tokens, got {tokens}")
     started = time.monotonic()
@@ -161,23 +230,10 @@ def probe_throughput(target, *, tokens: int = 64, steps: int = 3, load_s: float 
     else:
         target = load_target(target, dtype="auto")
         load_s = time.monotonic() - started
-    layer = max(0, target.num_layers - 2)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, min(target.vocab_size, 32000), (1, tokens), generator=generator)  # (1, T)
-    target.features(ids[:, :8], [layer], with_logits=True)  # first-call allocations stay out of the timing
-    timed = time.monotonic()
-    out = target.features(ids, [layer], with_logits=True)
-    topk_log_probs(out.logits[0], TOPK)
-    pass_s = time.monotonic() - timed
-    del out
-    with torch.no_grad():
-        cache = DynamicCache()
-        target.model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        times = []
-        for position in range(8, 8 + steps):
-            timed = time.monotonic()
-            target.model(input_ids=ids[:, position:position + 1], past_key_values=cache, use_cache=True)
-            times.append(time.monotonic() - timed)
+    ids = _probe_ids(target, tokens)
+    target.features(ids[:, :8], [max(0, target.num_layers - 2)], with_logits=True)  # first-call allocations
+    pass_s = _timed_pass(target, ids)
+    step_s = _timed_steps(target, ids, steps)
     # A drafter step (forward and backward, ~3x a forward) runs one target-sized layer, the draft vocabulary's
     # head and the feature projection over every block position; in units of the target's per-token pass.
     params = sum(p.numel() for p in target.model.parameters())
@@ -185,8 +241,23 @@ def probe_throughput(target, *, tokens: int = 64, steps: int = 3, load_s: float 
     draft_params = DRAFT_LAYERS * layer_params + target.hidden_size * (DRAFT_VOCAB + 2 * target.hidden_size)
     step_target_tokens = 3 * NUM_ANCHORS * BLOCK_SIZE * draft_params / params
     dtype = "bf16" if native_bf16() else "fp32"
-    return Throughput(dtype=dtype, pass_tok_s=tokens / pass_s, step_s=sorted(times)[len(times) // 2],
-                      step_target_tokens=step_target_tokens, load_s=load_s, probe_s=time.monotonic() - started)
+    return Throughput(dtype=dtype, pass_tok_s=tokens / pass_s, step_s=step_s, step_target_tokens=step_target_tokens,
+                      load_s=load_s, probe_s=time.monotonic() - started)
+
+
+def remeasure(target, speed: Throughput, *, steps: int = 3) -> Throughput:
+    """`speed` with its decoding step timed again on the loaded `target`: what the machine gives now (others'
+    work may have started or ended since the probe)."""
+    return dataclasses.replace(speed, step_s=_timed_steps(target, _probe_ids(target, 8 + steps), steps))
+
+
+def measured_step(results: dict, speed: Throughput) -> Throughput:
+    """`speed` with the benchmark's own plain decoding step (its `ar` records), when it measured one."""
+    plain = [r for r in results.get("records", []) if r.get("method") == "ar" and r.get("decode_s")]
+    tokens = sum(max(1, len(r["tokens"]) - 1) for r in plain)
+    if not plain or not tokens:
+        return speed
+    return dataclasses.replace(speed, step_s=sum(r["decode_s"] for r in plain) / tokens)
 
 
 def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum: int = 8) -> list[str]:
@@ -215,13 +286,221 @@ def conversations_for_tokens(rows: list[str], tokenizer, tokens: int, *, minimum
     return chosen
 
 
-def _stage(name: str, started: float) -> None:
-    print(f"\n== quickstart [{(time.monotonic() - started) / 60:5.1f} min] {name}", flush=True)
+@dataclass
+class Job:
+    """One quickstart: its inputs, its clock, and what each stage hands the next."""
+
+    out: Path
+    target: str
+    draft_model: str
+    train_prompts: str
+    dataset: str
+    threads: int | None
+    budget_s: float
+    started: float
+    answers: list[str] | None = None  # the conversations' rows with answers; None: regenerate them
+    methods: tuple[str, ...] = ()
+    loaded: Target | None = None  # the target at `auto` precision, from the probe until training ends
+    speed: Throughput | None = None  # the probe's, with the decoding step measured again as stages end
+    plan: Plan | None = None
+    hardware: str = ""
+    available: int = 0  # prompts in the benchmark set
+    prompt_tokens: int = 0  # the first one's length, chat template included (what every method prefills)
+    data: Path | None = None
+    labels: str = ""
+    conversations: int = 0
+    train_steps: int = 0
+    results: dict = field(default_factory=dict)
+    lossless: dict = field(default_factory=dict)
+    times: dict[str, float] = field(default_factory=dict)  # stage -> minutes, for the summary
+
+    @property
+    def end(self) -> float:
+        """When the last stage must be done: the budget less the report's time."""
+        return self.started + self.budget_s - REPORT_S
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def say(self, text: str) -> None:
+        print(f"\n== quickstart [{(time.monotonic() - self.started) / 60:5.1f} min] {text}", flush=True)
+
+    @property
+    def drafter_dir(self) -> Path:
+        return self.out / "drafter"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.out / "train"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the job: its share of the budget (0: it takes what it takes), and optionally what it holds
+    back while earlier stages run, given its share of the time left (default: that share)."""
+
+    name: str
+    share: Callable[[Job], float]
+    run: Callable[[Job, float], None]  # (job, the seconds it may take)
+    reserve: Callable[[Job, float], float] | None = None
+
+
+def stage_seconds(job: Job, stages: tuple[Stage, ...]) -> float:
+    """The first of `stages`' time: what is left, less what each later one reserves (its share of what is left
+    among the stages still to run, unless it says otherwise). A stage that ends early leaves its time to the
+    ones after it."""
+    left = job.left()
+    shares = [stage.share(job) for stage in stages]
+    if sum(shares) <= 0:
+        return left
+    reserved = 0.0
+    for stage, share in zip(stages[1:], shares[1:]):
+        part = left * share / sum(shares)
+        reserved += stage.reserve(job, part) if stage.reserve is not None else part
+    return max(0.0, left - reserved)
+
+
+def _fetch(job: Job, seconds: float) -> None:
+    job.say("fetch assets")
+    for name in (job.target, job.draft_model, job.dataset.split("=")[0], job.train_prompts):
+        if name in assets.ASSETS and not Path(name).exists():
+            assets.fetch(name)
+    if job.train_prompts == "sharegpt-code":
+        assets.fetch("sharegpt")
+
+
+def _probe(job: Job, seconds: float) -> None:
+    """What the plan is sized for: the data (answers or not), the methods, and this machine's throughput."""
+    job.answers = answered_conversations(job.train_prompts)
+    job.methods = _methods(job.target, job.draft_model, job.drafter_dir)
+    job.say("load the target at `auto` precision (bf16 only where native) and probe this machine's throughput")
+    loading = time.monotonic()
+    job.loaded = load_target(job.target, dtype="auto")  # kept for training, which would load it again
+    job.speed = speed = probe_throughput(job.loaded, load_s=time.monotonic() - loading)
+    job.available, job.prompt_tokens = _benchmark_prompts(job.target, job.dataset)
+    job.plan = Plan.for_machine(job.budget_s / 60, job.left(), speed, answers=job.answers is not None,
+                                methods=len(job.methods), prompt_tokens=job.prompt_tokens)
+    print(f"quickstart: {speed.dtype}: a teacher-forced pass at {speed.pass_tok_s:.1f} tok/s, a decoding step "
+          f"{speed.step_s * 1000:.0f} ms (probe {speed.probe_s:.0f} s); {job.left() / 60:.1f} min left -> "
+          f"{job.plan} (each stage sizes its work again when it starts)", flush=True)
+    job.hardware = hardware_note(speed)
+    print(f"quickstart: {job.hardware}", flush=True)
+
+
+def _training_started(job: Job) -> bool:
+    return job.drafter_dir.exists() or latest_checkpoint(job.train_dir) is not None
+
+
+def _data(job: Job, seconds: float) -> None:
+    """Existing answers: take the conversations the feature pass can label. Otherwise regenerate answers.
+    Once training has begun, its data stays as it was."""
+    job.data = job.out / ("conversations.jsonl" if job.answers else "regen.jsonl")
+    job.labels = "teacher_forced" if job.answers else "regenerated"
+    if job.answers is not None:
+        if not _training_started(job) and not job.data.exists():
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model(job.target))
+            chosen = conversations_for_tokens(job.answers[:4096], tokenizer, job.plan.feature_tokens)
+            job.say(f"take {len(chosen)} conversations with their own answers from {job.train_prompts} (about "
+                    f"{job.plan.feature_tokens:,} tokens for the teacher-forced pass: the target's greedy choice "
+                    "at every answer token)")
+            write_text_atomic(job.data, "".join(line + "\n" for line in chosen))
+    elif not _training_started(job):
+        job.say(f"regenerate up to {job.plan.train_conversations} training answers with the target "
+                f"({seconds / 60:.1f} min)")
+        regen(job.target, training_prompts(job.train_prompts), job.plan.train_conversations, job.data,
+              max_new_tokens=job.plan.regen_tokens, batch_size=8, max_prompt_tokens=256, dtype="auto",
+              deadline=time.monotonic() + seconds)
+    job.conversations = sum(1 for line in job.data.open() if line.strip())
+
+
+def _train(job: Job, seconds: float) -> None:
+    """Train for `seconds` (the feature pass at most FEATURES_SHARE of them), then time a decoding step again
+    for the benchmark's plan."""
+    answers = job.answers is not None
+    feature_tokens, steps = train_work(seconds, job.speed, answers=answers)
+    job.train_steps = dataclasses.replace(job.plan, train_steps=steps).steps_for(job.conversations)
+    if not (job.drafter_dir / "model.safetensors").exists():
+        job.say(f"train a DFlash drafter on {job.conversations} conversations ({job.labels} labels, D-PACE, up to "
+                f"{job.train_steps} steps, {seconds / 60:.1f} min"
+                + (f", the feature pass at most {FEATURES_SHARE * seconds / 60:.1f} of them)" if answers else ")"))
+        # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
+        # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
+        config = TrainConfig(target=job.target, data=str(job.data), out_dir=str(job.train_dir), max_length=MAX_LENGTH,
+                             num_layers=DRAFT_LAYERS, block_size=BLOCK_SIZE, labels=job.labels,
+                             target_layer_ids=(late_layer(job.target),), objective="dpace", lr=6e-4,
+                             max_steps=job.train_steps, num_anchors=NUM_ANCHORS, draft_vocab_size=draft_vocab(job.target),
+                             features="cached", save_every=max(10, job.train_steps // 4), log_every=10,
+                             threads=job.threads)
+        now = time.monotonic()
+        trained = train(config, resume=latest_checkpoint(job.train_dir) is not None, deadline=now + seconds,
+                        features_deadline=now + (FEATURES_SHARE * seconds if answers else seconds), target=job.loaded)
+        # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
+        save_drafter(load_drafter_model(trained, dtype=torch.float32), job.drafter_dir,
+                     extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
+    if job.loaded is not None:  # the machine may be busier or freer than at the probe: the benchmark plans on now
+        before = job.speed.step_s
+        job.speed = remeasure(job.loaded, job.speed)
+        print(f"quickstart: a decoding step now takes {job.speed.step_s * 1000:.0f} ms (probe: {before * 1000:.0f} ms)",
+              flush=True)
+    job.loaded = None  # the benchmark loads its own
+
+
+def _bench(job: Job, seconds: float) -> None:
+    prompts, tokens = bench_work(seconds, job.speed, methods=len(job.methods), prompt_tokens=job.prompt_tokens)
+    job.say(f"benchmark on {job.dataset} ({prompts} prompt(s) planned, more while time is left, {tokens} new "
+            f"tokens, {job.speed.dtype}, {seconds / 60:.1f} min)")
+    # The plan's prompt count is what the time fits; the benchmark asks for BENCH_PROMPTS and its hard deadline
+    # stops before the first prompt that would not fit (on a slow machine, even the first prompt's runs).
+    bench = BenchConfig(target=job.target, methods=job.methods, datasets=(job.dataset,),
+                        n=min(job.available, max(prompts, BENCH_PROMPTS)), max_new_tokens=tokens, dtype="auto",
+                        threads=job.threads)
+    job.results = run_bench(bench, job.out / "bench", deadline=time.monotonic() + seconds, hard_deadline=True)
+    job.speed = measured_step(job.results, job.speed)
+
+
+def _check_reserve(job: Job, part: float) -> float:
+    """What the separate float32 check holds back (`part`: its share of the time left): at least what checking
+    the trained drafter for the fewest tokens needs, at most what checking every method for the most tokens
+    needs, at the speed measured so far; nothing in float32 (the benchmark answers it) or when the fewest
+    need more than CHECK_MOST of the budget (it is skipped, and the benchmark gets the time)."""
+    if job.speed is None:
+        return part
+    if job.speed.dtype == "fp32":
+        return 0.0
+    fewest = check_seconds(CHECK_TOKENS[0], job.speed, job.prompt_tokens)
+    every = check_seconds(CHECK_TOKENS[1], job.speed, job.prompt_tokens, methods=len(job.methods) - 1)
+    if fewest > CHECK_MOST * job.budget_s:
+        return 0.0
+    return min(max(part, fewest), every)
+
+
+def _check(job: Job, seconds: float) -> None:
+    job.say(f"check losslessness in float32 ({seconds / 60:.1f} min)")
+    job.lossless = check_lossless(job.results, job.target, _check_order(job.methods, _trained_method(job.drafter_dir)),
+                                  job.dataset, seconds=seconds, speed=job.speed, prompt_tokens=job.prompt_tokens,
+                                  grace=CHECK_GRACE * job.budget_s, most=CHECK_MOST * job.budget_s)
+    print(lossless_sentence(job.lossless), flush=True)
+
+
+def _answers_share(job: Job) -> float:
+    return SHARES["regen"] if job.answers is not None else 0.0
+
+
+STAGES = (
+    Stage("fetch", share=lambda job: 0.0, run=_fetch),
+    Stage("probe", share=lambda job: 0.0, run=_probe),
+    Stage("data", share=lambda job: SHARES["regen"] - _answers_share(job), run=_data),
+    Stage("train", share=lambda job: SHARES["train"] + _answers_share(job), run=_train),
+    Stage("benchmark", share=lambda job: bench_share(job.speed.dtype if job.speed else "bf16"), run=_bench),
+    Stage("float32 check", share=lambda job: 0.0 if job.speed and job.speed.dtype == "fp32" else CHECK_SHARE,
+          run=_check, reserve=_check_reserve),
+)
 
 
 def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen2.5-coder-1.5b-instruct",
                    draft_model: str = "qwen2.5-coder-0.5b-instruct", train_prompts: str = "sharegpt-code",
                    dataset: str = "humaneval", threads: int | None = None, fetch: bool = True) -> Path:
+    """The job: each of STAGES in turn, in the seconds `stage_seconds` gives it; then the summary."""
     started = time.monotonic()
     out = check_location(out, replaced=False)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,125 +509,29 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min", flush=True)
     if threads:
         torch.set_num_threads(threads)
-    times: dict[str, float] = {}  # stage -> minutes, for the summary
-    mark = [time.monotonic()]
-
-    def stage_done(name: str) -> None:
-        now = time.monotonic()
-        times[name] = times.get(name, 0.0) + (now - mark[0]) / 60
-        mark[0] = now
-
-    if fetch:
-        _stage("fetch assets", started)
-        for name in (target, draft_model, dataset.split("=")[0], train_prompts):
-            if name in assets.ASSETS and not Path(name).exists():
-                assets.fetch(name)
-        if train_prompts == "sharegpt-code":
-            assets.fetch("sharegpt")
-        stage_done("fetch")
-    answers = answered_conversations(train_prompts)
-    methods = _methods(target, draft_model, out / "drafter")
-
-    _stage("load the target at `auto` precision (bf16 only where native) and probe this machine's throughput",
-           started)
-    loading = time.monotonic()
-    loaded = load_target(target, dtype="auto")  # kept for training, which would load it again
-    speed = probe_throughput(loaded, load_s=time.monotonic() - loading)
-    left = max(budget * 60 - (time.monotonic() - started), 60.0)
-    available, prompt_tokens = _benchmark_prompts(target, dataset)
-    plan = Plan.for_machine(budget, left, speed, answers=answers is not None, methods=len(methods),
-                            prompt_tokens=prompt_tokens)
-    print(f"quickstart: {speed.dtype}: a teacher-forced pass at {speed.pass_tok_s:.1f} tok/s, a decoding step "
-          f"{speed.step_s * 1000:.0f} ms (probe {speed.probe_s:.0f} s); {left / 60:.1f} min left -> {plan}", flush=True)
-    hardware = hardware_note(speed)
-    print(f"quickstart: {hardware}", flush=True)
-    stage_done("probe")
-
-    train_dir, drafter_dir = out / "train", out / "drafter"
-    training_started = drafter_dir.exists() or latest_checkpoint(train_dir) is not None
-    data = out / ("conversations.jsonl" if answers else "regen.jsonl")
-    labels = "teacher_forced" if answers else "regenerated"
-    train_share = SHARES["train"]
-    features_deadline = None
-    if answers is not None:
-        # No regeneration: its share goes to training, whose teacher-forced pass labels the text.
-        train_share += SHARES["regen"]
-        if not training_started and not data.exists():
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
-            chosen = conversations_for_tokens(answers[:4096], tokenizer, plan.feature_tokens)
-            _stage(f"take {len(chosen)} conversations with their own answers from {train_prompts} (about "
-                   f"{plan.feature_tokens:,} tokens for the teacher-forced pass: the target's greedy choice at "
-                   f"every answer token)", started)
-            write_text_atomic(data, "".join(line + "\n" for line in chosen))
-    elif not training_started:  # once training has begun, its data stays as it was
-        _stage(f"regenerate up to {plan.train_conversations} training answers with the target "
-               f"({SHARES['regen'] * left / 60:.1f} min)", started)
-        regen(target, training_prompts(train_prompts), plan.train_conversations, data,
-              max_new_tokens=plan.regen_tokens, batch_size=8, max_prompt_tokens=256, dtype="auto",
-              deadline=time.monotonic() + SHARES["regen"] * left)
-        stage_done("regenerate")
-    conversations = sum(1 for line in data.open() if line.strip())
-
-    cached = None
-    train_steps = plan.steps_for(conversations)
-    if not (drafter_dir / "model.safetensors").exists():
-        train_s = train_share * left
-        _stage(f"train a DFlash drafter on {conversations} conversations ({labels} labels, D-PACE, up to "
-               f"{train_steps} steps, {train_s / 60:.1f} min"
-               + (f", the feature pass at most {FEATURES_SHARE * train_s / 60:.1f} of them)" if answers else ")"),
-               started)
-        # The CPU recipe's levers (docs/studies): one late target layer (N - 2) and an 8,192-token draft
-        # vocabulary; target_dtype and autocast_bf16 keep their "auto" defaults (bf16 only where native).
-        config = TrainConfig(target=target, data=str(data), out_dir=str(train_dir), max_length=MAX_LENGTH,
-                             num_layers=DRAFT_LAYERS, block_size=BLOCK_SIZE, labels=labels,
-                             target_layer_ids=(late_layer(target),), objective="dpace", lr=6e-4,
-                             max_steps=train_steps, num_anchors=NUM_ANCHORS, draft_vocab_size=draft_vocab(target),
-                             features="cached", save_every=max(10, train_steps // 4), log_every=10,
-                             threads=threads)
-        now = time.monotonic()
-        features_deadline = now + FEATURES_SHARE * train_s if answers else now + train_s
-        trained = train(config, resume=latest_checkpoint(train_dir) is not None, deadline=now + train_s,
-                        features_deadline=features_deadline, target=loaded)
-        # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
-        save_drafter(load_drafter_model(trained, dtype=torch.float32), drafter_dir,
-                     extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
-        stage_done("train (features and steps)")
-    del loaded  # the benchmark loads its own
-    steps = _trained_steps(train_dir)
-    cached = _cached_sequences(train_dir / "features")
-
-    # The benchmark is the last long stage: it gets its share and whatever the earlier stages left unused,
-    # less the separate check (bf16 only) and half a minute for the summary.
-    bench_deadline = max(time.monotonic() + bench_share(speed.dtype) * left,
-                         started + budget * 60 - (0.0 if speed.dtype == "fp32" else CHECK_SHARE * left) - 30)
-    _stage(f"benchmark on {dataset} ({plan.bench_prompts} prompt(s) planned, more while time is left, "
-           f"{plan.bench_tokens} new tokens, "
-           f"{speed.dtype}, {(bench_deadline - time.monotonic()) / 60:.1f} min)", started)
-    # The plan's prompt count is what its share fits; the time earlier stages left unused buys more, so the
-    # benchmark asks for BENCH_PROMPTS and its hard deadline stops before the first prompt that would not fit.
-    bench = BenchConfig(target=target, methods=methods, datasets=(dataset,), n=min(available, max(plan.bench_prompts, BENCH_PROMPTS)),
-                        max_new_tokens=plan.bench_tokens, dtype="auto", threads=threads)
-    # Hard: on a slow machine even the first prompt's runs stop at the share, the methods left out.
-    results = run_bench(bench, out / "bench", deadline=bench_deadline, hard_deadline=True)
-    stage_done("benchmark")
-
-    # What is left of the budget, less a minute for the report, bounds the separate check (bf16 runs only).
-    check_deadline = started + budget * 60 - 60
-    _stage("check losslessness in float32", started)
-    lossless = check_lossless(results, target, methods, dataset, tokens=min(32, plan.bench_tokens),
-                              deadline=check_deadline)
-    stage_done("float32 check")
-
-    facts = {"conversations": conversations, "labels": labels, "steps": steps, "planned_steps": train_steps,
-             "hardware": hardware, "trained_method": _trained_method(drafter_dir), "cached": cached,
-             "dtype": speed.dtype, "pass_tok_s": speed.pass_tok_s, "stage_minutes": times}
-    summary = write_summary(out, results, lossless, time.monotonic() - started, facts)
-    _stage(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}", started)
+    job = Job(out=out, target=target, draft_model=draft_model, train_prompts=train_prompts, dataset=dataset,
+              threads=threads, budget_s=budget * 60, started=started)
+    stages = STAGES if fetch else STAGES[1:]
+    for index, stage in enumerate(stages):
+        mark = time.monotonic()
+        stage.run(job, stage_seconds(job, stages[index:]))
+        job.times[stage.name] = job.times.get(stage.name, 0.0) + (time.monotonic() - mark) / 60
+    facts = {"conversations": job.conversations, "labels": job.labels, "steps": _trained_steps(job.train_dir),
+             "planned_steps": job.train_steps, "hardware": job.hardware,
+             "trained_method": _trained_method(job.drafter_dir), "cached": _cached_sequences(job.train_dir / "features"),
+             "dtype": job.speed.dtype, "pass_tok_s": job.speed.pass_tok_s, "stage_minutes": job.times}
+    summary = write_summary(out, job.results, job.lossless, time.monotonic() - started, facts)
+    job.say(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}")
     return out / "bench" / "report.md"
 
 
 def _trained_method(drafter_dir: Path) -> str:
     return f"dflash:{drafter_dir},tree=measured"
+
+
+def _check_order(methods: tuple[str, ...], trained: str) -> tuple[str, ...]:
+    """The methods the float32 check runs, the trained drafter's first: the one the job must check."""
+    return (trained, *(method for method in methods if method != trained))
 
 
 def _methods(target: str, draft_model: str, drafter_dir: Path) -> tuple[str, ...]:
@@ -411,13 +594,17 @@ def draft_vocab(target: str) -> int | None:
     return DRAFT_VOCAB if vocab > DRAFT_VOCAB else None
 
 
-def check_lossless(results: dict, target_name: str, methods: tuple[str, ...], dataset: str, *, tokens: int,
-                   deadline: float | None = None) -> dict:
-    """Greedy output of every benchmarked method against plain greedy decoding, in float32.
+def check_lossless(results: dict, target_name: str, methods: tuple[str, ...], dataset: str, *, seconds: float,
+                   speed: Throughput, prompt_tokens: int, grace: float = 0.0, most: float = math.inf) -> dict:
+    """Greedy output of the benchmarked methods against plain greedy decoding, in float32.
 
     A benchmark that ran in float32 already holds the answer: each method's tokens against `ar`'s on
-    every prompt measured. Otherwise every method runs again in float32 on the first prompt for `tokens`
-    tokens, until `deadline`; the result names the methods checked and those left unchecked.
+    every prompt measured. Otherwise the methods run again in float32 on the first prompt, in the order
+    given (the trained drafter's first), for as many tokens (CHECK_TOKENS) as `seconds` fit at `speed`;
+    when not even the fewest fit (or they need more than `most` seconds, which the job therefore did not
+    hold back), the check is skipped up front and the result says why. The first method
+    may end `grace` seconds late; the others run only while they fit. The result names the methods checked
+    and those left unchecked.
     """
     environment = results.get("environment", {})
     if environment.get("dtype") == "fp32":
@@ -426,7 +613,18 @@ def check_lossless(results: dict, target_name: str, methods: tuple[str, ...], da
         return {"source": "benchmark", "prompts": prompts, "tokens": results["config"]["max_new_tokens"],
                 "checked": _all_identical((run[0], check.differing == 0) for run, check in agreement.items()),
                 "unchecked": []}
-    return _rerun_fp32(target_name, methods, dataset, tokens=tokens, deadline=deadline)
+    others = [method for method in methods if method != "ar"]
+    tokens = check_tokens(seconds, speed, prompt_tokens)
+    if tokens is None:
+        need = check_seconds(CHECK_TOKENS[0], speed, prompt_tokens)
+        left = (f"more than the {most / 60:.1f} min it may take of the budget, which went to the benchmark"
+                if need > most else f"and {seconds / 60:.1f} min of the budget were left")
+        reason = (f"loading the target in float32 and checking `{others[0]}` for {CHECK_TOKENS[0]} tokens needs "
+                  f"about {need / 60:.1f} min here (a decoding step measured at {speed.step_s * 1000:.0f} ms), "
+                  f"{left}") if others else "no method to check"
+        return {"source": "skipped", "reason": reason, "prompts": [], "tokens": 0, "checked": {}, "unchecked": others}
+    return _rerun_fp32(target_name, tuple(others), dataset, tokens=tokens, deadline=time.monotonic() + seconds,
+                       grace=grace)
 
 
 def _all_identical(pairs) -> dict[str, bool]:
@@ -437,27 +635,31 @@ def _all_identical(pairs) -> dict[str, bool]:
     return out
 
 
-def _rerun_fp32(target_name: str, methods: tuple[str, ...], dataset: str, *, tokens: int,
-                deadline: float | None) -> dict:
+def _rerun_fp32(target_name: str, methods: tuple[str, ...], dataset: str, *, tokens: int, deadline: float,
+                grace: float = 0.0) -> dict:
+    """Plain decoding, then each of `methods` in turn (built only when it is its turn), on the first prompt in
+    float32. A method runs only when its predicted time (its first run: CHECK_METHOD_COST plain runs; later:
+    the slowest ratio to plain seen) fits before `deadline` (the first method's: `grace` seconds later)."""
     name, path = parse_dataset(dataset)
     prompt = load_prompts(name, path=path, n=1)[0]
     target = load_target(target_name, dtype="fp32")
     ids = render_chat(target.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
-    runners, _ = build_runners(methods, None, target, SamplingConfig(), record_q=False)
-    plain = next(r for r in runners if r.method == "ar").run(ids, max_new_tokens=tokens, seed=0).tokens
-    checked, unchecked = {}, []
-    last_s = 0.0
-    for runner in runners:
-        label = runner.method  # as the summary's table names it
-        if runner.method == "ar":
-            continue
-        if deadline is not None and time.monotonic() + last_s > deadline:
-            unchecked.append(label)
+    timed = time.monotonic()
+    (plain_runner,), _ = build_runners(("ar",), None, target, SamplingConfig(), record_q=False)
+    plain = plain_runner.run(ids, max_new_tokens=tokens, seed=0).tokens
+    plain_s = time.monotonic() - timed
+    checked, unchecked, ratios = {}, [], []
+    for index, method in enumerate(methods):
+        if time.monotonic() + max(ratios, default=CHECK_METHOD_COST) * plain_s > deadline + (grace if index == 0 else 0):
+            unchecked.append(method)
             continue
         timed = time.monotonic()
-        same = runner.run(ids, max_new_tokens=tokens, seed=0).tokens == plain
-        checked[label] = checked.get(label, True) and same  # every block size of a method must match
-        last_s = time.monotonic() - timed
+        runners, _ = build_runners((method,), None, target, SamplingConfig(), record_q=False)
+        for runner in runners:  # every block size of a method must match
+            same = runner.run(ids, max_new_tokens=tokens, seed=0).tokens == plain
+            checked[runner.method] = checked.get(runner.method, True) and same  # as the summary's table names it
+        close_runners(runners)
+        ratios.append((time.monotonic() - timed) / max(plain_s, 1e-9))
     return {"source": "rerun", "prompts": [prompt.id], "tokens": tokens, "checked": checked, "unchecked": unchecked}
 
 
@@ -466,6 +668,8 @@ def lossless_sentence(lossless: dict) -> str:
     if "checked" not in lossless:  # one method on one prompt: {"prompt", "tokens", "identical"}
         lossless = {"source": "rerun", "prompts": [lossless["prompt"]], "tokens": lossless["tokens"],
                     "checked": {lossless.get("method", "dflash"): lossless["identical"]}, "unchecked": []}
+    if lossless["source"] == "skipped":
+        return f"Float32 losslessness check: skipped: {lossless['reason']}."
     checked, unchecked = lossless["checked"], lossless.get("unchecked", [])
     different = [label for label, same in checked.items() if not same]
     where = (f"the benchmark itself ran in float32: every method's output on its {len(lossless['prompts'])} "

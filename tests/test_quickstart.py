@@ -163,3 +163,143 @@ def test_the_summary_words_follow_the_data(tmp_path):
                             "cut": ["out of time after 1 of 2 prompt(s)"]}]
     summary = write_summary(tmp_path, results, lossless, 60.0, facts).read_text()
     assert "the benchmark cut: verify passes of 1 row(s) timed at k = 0 and 64 only; out of time after 1" in summary
+
+
+# ---------------------------------------------------------------------------------------------- a busy machine
+
+class Clock:
+    """Stands in for `time` in blockdraft.quickstart: the fakes below advance it by what their work costs."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
+class FakeRunner:
+    """A float32 method run: a prefill and `tokens` steps of `step_s` (a drafter's method: `cost` times that)."""
+
+    def __init__(self, clock, method, step_s, cost):
+        self.clock, self.method, self.step_s, self.cost = clock, method, step_s, cost
+
+    def run(self, ids, max_new_tokens, seed):
+        self.clock.advance(self.cost * (2 * len(ids) / 20.0 + max_new_tokens * self.step_s))
+        return type("Result", (), {"tokens": list(range(max_new_tokens))})()
+
+
+def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25):
+    """The quickstart's stages on a fake clock, every heavy call replaced by what it costs on a machine that
+    decodes a step in `step_s` (bf16; float32 twice that) and loads the target in float32 in `fp32_load_s`.
+    Training ends after `train_used` of its time (its steps ran out, as on the issue's machine). Returns the
+    record of what each stage was given."""
+    from blockdraft import quickstart as Q
+
+    clock, seen = Clock(), {}
+    speed = Throughput(dtype="bf16", pass_tok_s=20.0, step_s=step_s, step_target_tokens=60.0, load_s=30.0,
+                       probe_s=68.0)
+
+    def load_target(name, dtype):
+        clock.advance(30.0 if dtype == "auto" else fp32_load_s)
+        return type("FakeTarget", (), {"tokenizer": None})()
+
+    def probe(loaded, load_s):
+        clock.advance(38.0)
+        return speed
+
+    def train(config, resume, deadline, features_deadline, target):
+        seen["train_s"] = deadline - clock.now
+        clock.advance(train_used * (deadline - clock.now))
+        return tmp_path / "checkpoint"
+
+    def run_bench(config, out, deadline, hard_deadline):
+        seen["bench_s"], seen["bench_tokens"] = deadline - clock.now, config.max_new_tokens
+        clock.now = deadline  # the benchmark fills its time
+        records = [{"method": "ar", "tokens": list(range(33)), "decode_s": 32 * step_s}]
+        return {"environment": {"dtype": "bf16"}, "config": {"max_new_tokens": 32}, "records": records}
+
+    def build_runners(methods, block_sizes, target, sampling, record_q):
+        clock.advance(0.0 if methods == ("ar",) else 20.0)  # a measured tree times verify passes
+        return [FakeRunner(clock, m, 2 * step_s, 1.0 if m == "ar" else 1.5) for m in methods], {}
+
+    def write_summary(out, results, lossless, elapsed_s, facts):
+        seen.update(lossless=lossless, elapsed_s=elapsed_s, end=clock.now, facts=facts)
+        return out / "QUICKSTART.md"
+
+    fakes = {"time": clock, "load_target": load_target, "probe_throughput": probe, "train": train,
+             "run_bench": run_bench, "build_runners": build_runners, "write_summary": write_summary,
+             "answered_conversations": lambda source: [json.dumps({"id": i}) for i in range(50)],
+             "_benchmark_prompts": lambda target, dataset: (164, 150),
+             "conversations_for_tokens": lambda rows, tokenizer, tokens: rows[:8],
+             "AutoTokenizer": type("Tok", (), {"from_pretrained": staticmethod(lambda path: None)}),
+             "resolve_model": lambda name: name, "late_layer": lambda target: 26, "draft_vocab": lambda target: 8192,
+             "TrainConfig": lambda **fields: type("Config", (), {"to_dict": lambda self: fields})(),
+             "load_drafter_model": lambda path, dtype: None, "save_drafter": lambda *a, **k: None,
+             "remeasure": lambda target, speed: (clock.advance(3 * speed.step_s), speed)[1],
+             "parse_dataset": lambda text: ("humaneval", None),
+             "load_prompts": lambda name, path, n: [type("P", (), {"id": "HumanEval/0", "turns": ["x"]})()],
+             "render_chat": lambda tokenizer, messages: list(range(150)), "close_runners": lambda runners: None}
+    for name, fake in fakes.items():
+        monkeypatch.setattr(Q, name, fake)
+    seen["started"] = clock.now
+    run_quickstart(tmp_path / "qs", budget=30.0, target="t", draft_model="d", train_prompts="p", fetch=False)
+    return seen
+
+
+def test_a_busy_machine_keeps_the_budget_and_checks_the_trained_drafter(tmp_path, monkeypatch):
+    """The issue's machine: a 3.6 s decoding step, training ending at a quarter of its time. The time training
+    saved goes to the stages after it, the float32 check is given what checking the trained drafter needs,
+    checks it first, and the job ends within its budget (it ended at 34.4 of 30 minutes, checking nothing)."""
+    from blockdraft.quickstart import CHECK_SHARE, CHECK_TOKENS, SHARES
+
+    seen = busy_machine(monkeypatch, tmp_path, step_s=3.6, fp32_load_s=60.0)
+    budget_s = 30 * 60
+    assert seen["end"] - seen["started"] <= budget_s  # within --budget itself (the report's 30 s included)
+    left = budget_s - 30 - 68  # after the probe
+    shares = SHARES["train"] + SHARES["regen"] + SHARES["bench"] + CHECK_SHARE
+    assert seen["train_s"] < (SHARES["train"] + SHARES["regen"]) / shares * left  # the check's need held back
+    assert seen["bench_s"] > SHARES["bench"] / shares * left + 0.5 * seen["train_s"]  # training's unused time
+    lossless = seen["lossless"]
+    trained = f"dflash:{tmp_path / 'qs' / 'drafter'},tree=measured"
+    assert lossless["source"] == "rerun" and lossless["checked"].get(trained) is True
+    assert CHECK_TOKENS[0] <= lossless["tokens"] <= CHECK_TOKENS[1]
+    assert seen["facts"]["stage_minutes"]["float32 check"] > 0
+
+
+def test_a_machine_too_slow_for_the_check_skips_it_up_front_and_says_why(tmp_path, monkeypatch):
+    from blockdraft.quickstart import lossless_sentence
+
+    seen = busy_machine(monkeypatch, tmp_path, step_s=20.0, fp32_load_s=60.0)
+    assert seen["end"] - seen["started"] <= 30 * 60 * 1.1
+    lossless = seen["lossless"]
+    assert lossless["source"] == "skipped" and not lossless["checked"] and lossless["unchecked"]
+    assert lossless["unchecked"][0].startswith("dflash:") and lossless["unchecked"][0].endswith("tree=measured")
+    sentence = lossless_sentence(lossless)
+    assert sentence.startswith("Float32 losslessness check: skipped:") and "needs about" in sentence
+    assert seen["facts"]["stage_minutes"]["float32 check"] == 0  # nothing was loaded for it
+
+
+def test_a_slower_float32_load_than_planned_still_checks_the_trained_drafter_within_ten_percent(tmp_path, monkeypatch):
+    """The float32 load takes four times the probe's: the trained drafter is still checked (its check may end
+    a little past the budget, within --budget + 10%); the other methods are left out by name."""
+    seen = busy_machine(monkeypatch, tmp_path, step_s=3.6, fp32_load_s=120.0, train_used=1.0)
+    assert seen["end"] - seen["started"] <= 30 * 60 * 1.1
+    lossless = seen["lossless"]
+    assert sum(lossless["checked"].values()) >= 1 and next(iter(lossless["checked"])).startswith("dflash:")
+    assert lossless["unchecked"]
+
+
+def test_stage_time_goes_to_the_later_stages_by_share_or_by_need():
+    from blockdraft.quickstart import Job, Stage, stage_seconds
+
+    job = Job(out=None, target="t", draft_model="d", train_prompts="p", dataset="h", threads=None, budget_s=630.0,
+              started=__import__("time").monotonic())
+    run = lambda job, seconds: None  # noqa: E731
+    stages = (Stage("a", lambda job: 0.5, run), Stage("b", lambda job: 0.3, run), Stage("c", lambda job: 0.2, run))
+    assert stage_seconds(job, stages) == pytest.approx(300.0, abs=2)  # half of the 600 s left
+    assert stage_seconds(job, stages[1:]) == pytest.approx(360.0, abs=2)  # b after an a that used nothing
+    needy = stages[:2] + (Stage("c", lambda job: 0.2, run, reserve=lambda job, part: 30.0),)
+    assert stage_seconds(job, needy) == pytest.approx(600 - 180 - 30, abs=2)  # c holds back only what it needs
