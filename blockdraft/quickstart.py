@@ -417,7 +417,7 @@ def _train(job: Job, seconds: float) -> None:
     """Train for `seconds` (the feature pass at most FEATURES_SHARE of them), then time a decoding step again
     for the benchmark's plan."""
     answers = job.answers is not None
-    feature_tokens, steps = train_work(seconds, job.speed, answers=answers)
+    _, steps = train_work(seconds, job.speed, answers=answers)  # the conversations were chosen for the features
     job.train_steps = dataclasses.replace(job.plan, train_steps=steps).steps_for(job.conversations)
     if not (job.drafter_dir / "model.safetensors").exists():
         job.say(f"train a DFlash drafter on {job.conversations} conversations ({job.labels} labels, D-PACE, up to "
