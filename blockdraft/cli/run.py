@@ -15,7 +15,7 @@ from ..demo import run_demo
 from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
 from ..files import read_text
 from ..quickstart import run_quickstart
-from ..target import load_target
+from ..targets import load_target
 from .common import set_threads, setup_torch, tree_budget_arg
 
 
@@ -214,7 +214,8 @@ def _proposal_count(text: str) -> int | str:
 
 
 def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="target model folder or `blockdraft assets` name")
+    parser.add_argument("--target", required=True, help="target model folder, `blockdraft assets` name, or a GGUF file "
+                        "(runs on llama.cpp's kernels)")
     parser.add_argument("--method", default=None, metavar="SPEC",
                         help="the drafter in bench's words: ar, small-ar[:NAME], dflash:PATH[,option=value...], "
                              "lookup[:CORPUS.jsonl][,...], hybrid:lookup+small-ar+dflash=PATH[,...] "

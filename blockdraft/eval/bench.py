@@ -59,7 +59,8 @@ from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_type
 from ..decode.cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_location, write_json_atomic
-from ..target import default_device, load_target, native_bf16
+from ..target import default_device, native_bf16
+from ..targets import load_target
 from .batch_bench import check_methods, measure_batches, pending_batches
 from .methods import build_runners, parse_method
 from .metrics import run_label

@@ -16,7 +16,8 @@ from ..checkpoints import init_drafter
 from ..config import ConfigError
 from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
 from ..drafters.tree import as_tree
-from ..target import Target, load_target, pick_device
+from ..target import Target, pick_device
+from ..targets import load_target
 from ..tiny import tiny_target
 from .bench import render_chat
 

@@ -17,7 +17,7 @@ import gc
 
 from ..config import ConfigError
 from ..decode.cost import measure_verify_cost
-from ..target import load_target
+from ..targets import load_target
 
 
 def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 8, 16), repeats: int = 3,
