@@ -1,8 +1,10 @@
 """One language for choosing a drafter: `KIND[:ARG][,key=value...]`.
 
-`blockdraft bench --method`, `blockdraft generate --method` and Python (`build_drafter(parse_spec(text),
-BuildContext(target))`) all read it; `generate`'s older flags (`--drafter`, `--draft-model`, `--lookup`,
-`--tree`, `--fallback`, `--num-proposals`) are shorthand that builds the same `DrafterSpec`.
+`blockdraft bench --method` (with or without `--batch-size`), `blockdraft generate --method`, `blockdraft
+bench-engine --method` and Python (`build_drafter(parse_spec(text), BuildContext(target))`) all read it;
+`generate`'s older flags (`--drafter`, `--draft-model`, `--lookup`, `--tree`, `--fallback`, `--num-proposals`)
+and bench-engine's (`--drafter`, `--draft-model`) are shorthand that builds the same `DrafterSpec`. It sits
+above `checkpoints/` (a `dflash:` spec loads a checkpoint) and `drafters/`, which know nothing of it.
 
 Kinds (`DRAFTERS`, one `DrafterKind` each: a builder and what it reads):
 - `ar`: no drafter (plain decoding through the same loop);

@@ -15,11 +15,11 @@ from .dflash import (CONFIG_NAME, KEY_MAPS, WEIGHTS_NAME, check_finite, copy_tar
                      head_prefix, init_drafter, load_drafter_model, load_strict, new_drafter_config, remap_keys,
                      save_drafter)
 from .dspark_import import import_dspark
-from .export import CONSUMERS, export_drafter
+from .export import FOLDER_CONSUMERS, export_drafter
 from .headed import attach_saved_heads, load_drafter, save_headed_drafter
 from .local_head import attach_local_head, fusion_head, load_local_head, save_local_head
 
-__all__ = ["CONFIG_NAME", "CONSUMERS", "KEY_MAPS", "WEIGHTS_NAME", "attach_local_head", "attach_saved_heads", "check_finite",
+__all__ = ["CONFIG_NAME", "FOLDER_CONSUMERS", "KEY_MAPS", "WEIGHTS_NAME", "attach_local_head", "attach_saved_heads", "check_finite",
            "copy_target_layers", "default_mask_token_id", "export_drafter", "fusion_head", "head_prefix", "import_dspark",
            "init_drafter", "load_drafter", "load_drafter_model", "load_local_head", "load_strict",
            "new_drafter_config", "remap_keys", "save_drafter", "save_headed_drafter", "save_local_head"]

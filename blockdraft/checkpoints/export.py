@@ -49,8 +49,8 @@ from ..files import atomic_write_folder
 from ..target import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
-CONSUMERS = ("zlab", "vllm", "sglang")  # folders; llama.cpp's GGUF file is engines/llamacpp_export.py's (the one
-# entry point over both, and what each consumer can express, is engines/export.py)
+FOLDER_CONSUMERS = ("zlab", "vllm", "sglang")  # llama.cpp's GGUF file is engines/llamacpp_export.py's (the one
+# entry point over both, and the table of what each consumer can express, is engines/export.py's CONSUMERS)
 
 
 @dataclass
@@ -98,8 +98,8 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
     if consumer == "llama.cpp":
         raise ConfigError("llama.cpp reads a GGUF file, written by blockdraft.engines.llamacpp_export."
                           "export_drafter_gguf(drafter, target, out_file) (the CLI: export --for llama.cpp)")
-    if consumer not in CONSUMERS:
-        raise ConfigError(f"--for must be one of {', '.join(CONSUMERS)} or llama.cpp, got {consumer!r}")
+    if consumer not in FOLDER_CONSUMERS:
+        raise ConfigError(f"--for must be one of {', '.join(FOLDER_CONSUMERS)} or llama.cpp, got {consumer!r}")
     backbone = load_backbone(drafter_dir, consumer)
     config, d2t, notes = backbone.config, backbone.d2t, backbone.notes
     if target is not None:
