@@ -32,6 +32,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 from torch import nn
+from transformers import AutoTokenizer
 
 from ..config import ConfigError, validate_layer_ids
 from ..devices import parse_dtype
@@ -54,11 +55,25 @@ def is_gguf(path: str | Path) -> bool:
     path = Path(path).expanduser()
     if path.suffix.lower() == ".gguf" and not path.is_dir():
         return True
+    if not path.is_file():  # a folder, a FIFO or a device is no GGUF (and a FIFO would block the read)
+        return False
     try:
         with open(path, "rb") as handle:
-            return path.is_file() and handle.read(4) == GGUF_MAGIC
+            return handle.read(4) == GGUF_MAGIC
     except OSError:
         return False
+
+
+def check_gguf_file(path: str | Path) -> Path:
+    """`path` when it is a readable GGUF file, else a ConfigError saying what it is."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file: give a GGUF model file as the target")
+    with open(path, "rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise ConfigError(f"{path} is not a GGUF file (no GGUF magic): convert the model with llama.cpp's "
+                              "convert_hf_to_gguf.py (in the `blockdraft engines build llama.cpp` tree)")
+    return path
 
 
 class GGUFTarget:
@@ -71,18 +86,13 @@ class GGUFTarget:
     device = torch.device("cpu")
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, threads: int | None = None, n_batch: int = 512,
-                 dtype: str | torch.dtype | None = None, tokenizer=None, verbose: bool = False):
-        path = Path(path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"{path} is not a file: give a GGUF model file as the target")
-        with open(path, "rb") as handle:
-            if handle.read(4) != GGUF_MAGIC:
-                raise ConfigError(f"{path} is not a GGUF file (no GGUF magic): convert the model with `blockdraft "
-                                  "export`'s converter or llama.cpp's convert_hf_to_gguf.py")
+                 dtype: str | torch.dtype | None = None, tokenizer=None, name: str | None = None,
+                 verbose: bool = False):
+        path = check_gguf_file(path)
         if n_ctx < 16 or n_batch < 1:
             raise ConfigError(f"a GGUF target needs n_ctx >= 16 and n_batch >= 1, got {n_ctx} and {n_batch}")
         threads = threads or torch.get_num_threads()
-        self.path, self.name = path, str(path)
+        self.path, self.name = path, name or str(path)
         self.engine = LlamaEngine(path, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=MAX_SEQUENCES,
                                   n_outputs_max=n_batch, threads=threads, verbose=verbose)
         self.threads = threads
@@ -93,7 +103,7 @@ class GGUFTarget:
         softcap = self.engine.meta(f"{self.architecture}.final_logit_softcapping")
         self.softcap: float | None = float(softcap) if softcap else None
         self.dtype = parse_dtype(dtype, "cpu") if dtype else torch.float32
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
         self._free = set(range(MAX_SEQUENCES))  # sequence ids no open cache holds
         self._embed: nn.Embedding | None = None
         self._head: nn.Linear | None = None
@@ -102,6 +112,17 @@ class GGUFTarget:
 
     def __repr__(self) -> str:
         return f"GGUFTarget({self.path.name}, {self.architecture}, {self.num_layers} layers, {self.threads} threads)"
+
+    @property
+    def tokenizer(self):
+        """The file's own tokenizer as transformers reads a GGUF's (chat template included); None when the file
+        carries none it can read (a `none` vocabulary)."""
+        if self._tokenizer is None:
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
+            except (OSError, ValueError, KeyError, TypeError, NotImplementedError, RuntimeError):
+                self._tokenizer = False
+        return self._tokenizer or None
 
     # --- the surface drafters read ---------------------------------------------------------------
     @property
