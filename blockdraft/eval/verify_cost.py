@@ -5,7 +5,8 @@ tau exceeds that pass's cost counted in one-token steps. On GPUs and on CPUs tha
 natively a 16-token pass costs little more than one token; on CPUs that emulate bf16 the cost grows
 with every token. This table tells a user which regime their machine is in before they train.
 
-For each dtype and each pass length k: the median time of a pass over k new tokens after a cached
+A GGUF target (`--target FILE.gguf`) runs on llama.cpp's kernels with the file's own weight types: one
+set of rows, named by the file. For each dtype and each pass length k: the median time of a pass over k new tokens after a cached
 context, its ratio to the same dtype's one-token step (the tau a drafter must reach just to break
 even in that dtype, before its own drafting time), and its ratio to the fastest one-token step of all
 dtypes measured (the break-even tau against the fastest plain decoding).
@@ -17,6 +18,7 @@ import gc
 
 from ..config import ConfigError
 from ..decode.cost import measure_verify_cost
+from ..engines.gguf_target import is_gguf
 from ..targets import load_target
 
 
@@ -27,10 +29,13 @@ def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 
         raise ConfigError(f"need tokens >= 1, repeats >= 1 and context >= 1; got tokens {list(tokens)}, "
                           f"repeats {repeats}, context {context}")
     ks = sorted({k - 1 for k in tokens} | {0})  # measure_verify_cost times k proposals + 1 bonus slot
+    if is_gguf(target):  # a GGUF target runs the file's own weight types: one row set, named by the file
+        dtypes = (None,)
     seconds: dict[str, dict[int, float]] = {}
     for dtype in dtypes:  # one model in memory at a time
         loaded = load_target(target, dtype=dtype, device=device)
-        seconds[dtype] = measure_verify_cost(loaded, ks, repeats=repeats, context=context)
+        seconds[dtype or f"llama.cpp {str(target).rsplit('/', 1)[-1]}"] = measure_verify_cost(
+            loaded, ks, repeats=repeats, context=context)
         del loaded
         gc.collect()
     fastest_step = min(per_k[0] for per_k in seconds.values())
