@@ -233,13 +233,16 @@ def _slug(text: str) -> str:
 
 
 def build_llamacpp_runner(name: str, arg: str | None, target, *, log_dir: Path | None) -> LlamaCppRunner:
-    """The runner for one `llamacpp...` method, its server started and checked; on failure the runner is
-    returned with `failed` set (and its `info["error"]`), so the bench records it and goes on."""
+    """The runner for one `llamacpp...` method, its server started and checked. What can fail before the
+    first prompt (no build, a missing or unreadable GGUF, a drafter that does not export, a missing optional
+    dependency, a server that does not start) is an EngineError here, before anything is measured, as our
+    own loop refuses `dflash:nope`; only a server that dies mid-bench is recorded and left out (`fail`)."""
     spec = parse_llamacpp(arg)
     runner = LlamaCppRunner(name, spec, target.name, target.tokenizer, torch.get_num_threads(), log_dir,
                             info={"kind": "llamacpp", "mode": spec.mode})
     try:
         runner.start()
     except (EngineError, ConfigError, OSError) as err:
-        runner.fail(err)
+        runner.close()
+        raise EngineError(f"{name} cannot run, so nothing was measured: {err}") from None
     return runner

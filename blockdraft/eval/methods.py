@@ -49,6 +49,7 @@ from ..target import Target
 from ..timing import elapsed, synchronize, timed
 from .llamacpp_runner import build_llamacpp_runner, parse_llamacpp
 from .measurement import Measurement
+from .runner import close_runners
 
 PEERS = ("hf-assisted", "hf-prompt-lookup", "llamacpp")  # other engines' decoding, not drafters of our loop
 PEERS_HELP = ("hf-assisted[:NAME_OR_PATH], hf-prompt-lookup[:N], "
@@ -285,10 +286,13 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
         elif spec.kind == "llamacpp":
             if not sampling.greedy:
                 raise ConfigError(f"{spec.name}: llama.cpp methods are measured greedily only (--temperature 0)")
-            runner = build_llamacpp_runner(spec.name, spec.arg, target, log_dir=log_dir)
+            try:  # refused before the first prompt (no build, no file): stop the servers started so far
+                runner = build_llamacpp_runner(spec.name, spec.arg, target, log_dir=log_dir)
+            except BaseException:
+                close_runners(runners)
+                raise
             info[spec.name] = runner.info
-            if not runner.failed:  # a failed one is recorded in its description and left out
-                runners.append(runner)
+            runners.append(runner)
         elif spec.kind == "hf-assisted":
             assistant = BuildContext(target, models=models).draft_model(spec.arg)
             if assistant.vocab_size != target.vocab_size:
