@@ -34,7 +34,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .files import check_free_disk, folder_lock, write_json_atomic
+from .config import ConfigError
+from .files import check_free_disk, folder_lock, read_json, write_json_atomic
 
 MARKER = ".complete.json"
 GiB = 1 << 30
@@ -161,8 +162,8 @@ def _partial(path: Path) -> Path:
 
 def _read_marker(marker: Path) -> dict | None:
     try:
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
+        return read_json(marker, what="asset marker")
+    except ConfigError:
         return None
 
 

@@ -402,16 +402,7 @@ class DFlashConfig:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
-    @classmethod
-    def load(cls, path: str | Path) -> "DFlashConfig":
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path} does not exist: a drafter folder needs config.json and model.safetensors") from None
-        except ValueError as err:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
-            raise ConfigError(f"{path} is not valid JSON ({err}); the checkpoint is corrupt, re-save or re-download it") from None
-        return cls.from_dict(raw)
+    # Read through the reader gate: `checkpoints.dflash.read_drafter_config`.
 
 
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "output_multiplier")

@@ -20,12 +20,16 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+from safetensors import safe_open
 
 from .config import BENCH_SCHEMA, DRAFTER_ARCHITECTURES, LOCAL_HEAD_FORMAT, ConfigError
 
@@ -38,16 +42,173 @@ KINDS = {
     "train-run": "training run",
     "bench": "bench run",
     "model": "Hugging Face model",
+    "feature-cache": "feature cache",
+    "quickstart": "quickstart folder",
 }
+#: what a quickstart folder holds (`blockdraft quickstart`): an interrupted one holds some of them
+QUICKSTART_NAMES = {"QUICKSTART.md", "conversations.jsonl", "regen.jsonl", "train", "drafter", "bench"}
+FEATURE_CACHE_FORMAT = "blockdraft-features/1"  # `index.json`'s format (train/features.py)
 
 # Paths the user approved for replacement (`--overwrite`) for writers that do not take the flag.
 _approved: contextvars.ContextVar[frozenset[Path]] = contextvars.ContextVar("approved", default=frozenset())
 
+# ------------------------------------------------------------------ the gate: every path in or out passes here
+# What passed the gate in this process: "write" holds every output the `check_*` functions below let through,
+# "read" every input `check_input` / `check_input_folder` / `read_text` let through. Nothing reads these sets to
+# decide anything; `gate_passed` lets a test catch a writer or reader that went around the gate.
+_passed: dict[str, set[Path]] = {"write": set(), "read": set()}
+
+#: Linux's limits (NAME_MAX, PATH_MAX): a longer name fails with ENAMETOOLONG in the middle of the work
+NAME_MAX_BYTES, PATH_MAX_BYTES = 255, 4095
+#: the largest text file `read_text` loads whole, and the largest JSON config `read_json` parses
+MAX_TEXT_BYTES, MAX_JSON_BYTES = 8 << 30, 256 << 20
+#: JSON nesting and integer bounds of every JSON file read (no config nests deeper; ids and counts fit 64 bits)
+MAX_JSON_DEPTH, MAX_JSON_INT = 64, 2 ** 63 - 1
+
+
+WRITE_PROBE = ".blockdraft-write-check."  # `check_writable`'s probe file
+
+
+def _record(kind: str, path: Path) -> None:
+    _passed[kind].add(path.absolute())
+    with contextlib.suppress(OSError, RuntimeError):
+        _passed[kind].add(path.resolve())
+
+
+def gate_passed(kind: str, path: str | Path) -> bool:
+    """Whether `path` lies in (or is) a path that passed the `kind` ("read" or "write") gate in this
+    process; for a write, also a hidden sibling or parent folder of one (the atomic writers' temporaries,
+    the folders `mkdir(parents=True)` makes on the way)."""
+    path = Path(path).absolute()
+    candidates = {path}
+    with contextlib.suppress(OSError, RuntimeError):
+        candidates.add(path.resolve())
+    for passed in _passed[kind]:
+        for candidate in candidates:
+            if _is_within(candidate, passed):
+                return True
+            if kind != "write":
+                continue
+            if candidate in passed.parents:  # made on the way by mkdir(parents=True)
+                return True
+            if any(part.parent == passed.parent and part.name.startswith(f".{passed.name}.")
+                   for part in (candidate, *candidate.parents)):  # .NAME.partial, .NAME.lock, .NAME.XXXX/...
+                return True
+            if candidate.name.startswith(WRITE_PROBE) and candidate.parent in (passed, *passed.parents):
+                return True
+    return False
+
+
+def short_path(path: str | Path, keep: int = 60) -> str:
+    text = str(path)
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(os.fsencode(text))} bytes)"
+
+
+def check_path_length(path: str | Path, *, flag: str = "path") -> Path:
+    """Refuse a path the file system cannot hold (a name over 255 bytes, a path over 4095): a named
+    error before any work, not ENAMETOOLONG from the middle of it."""
+    path = Path(path).expanduser()
+    absolute = path.absolute()
+    if len(os.fsencode(str(absolute))) > PATH_MAX_BYTES:
+        raise ConfigError(f"{flag} {short_path(path)} is longer than the file system allows ({PATH_MAX_BYTES} bytes); "
+                          "give a shorter path")
+    for part in absolute.parts:
+        if len(os.fsencode(part)) > NAME_MAX_BYTES:
+            raise ConfigError(f"{flag} {short_path(path)}: the name {short_path(part, 30)} is longer than the file "
+                              f"system allows ({NAME_MAX_BYTES} bytes); give a shorter name")
+    return path
+
+
+def check_input(path: str | Path, *, what: str = "input file", max_bytes: int | None = None) -> Path:
+    """The reader gate for one file: it exists, is a regular file (a FIFO or a device would block or
+    never end) and is at most `max_bytes` long. Returns the path."""
+    path = check_path_length(path, flag=what)
+    try:
+        info = path.stat()
+    except OSError as err:
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise ConfigError(f"{what} {path} does not exist") from None
+        raise ConfigError(f"{what} {path}: cannot read it ({err.strerror or err})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{what} {path} is a folder; give a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file (a pipe, socket or device); give a file")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise ConfigError(f"{what} {path} is {human_bytes(info.st_size)}, more than the {human_bytes(max_bytes)} such "
+                          "a file can be; it is not the file you meant, or it is damaged")
+    _record("read", path)
+    return path
+
+
+def check_input_folder(folder: str | Path, *, what: str = "input folder", max_entries: int = 100_000) -> Path:
+    """The reader gate for a folder whose files a library reads (a model folder, a drafter): it is a
+    folder, and nothing in it is a FIFO, socket or device (a read of one blocks or never ends)."""
+    folder = check_path_length(folder, flag=what)
+    if not folder.is_dir():
+        raise ConfigError(f"{what} {folder} {why_not_a_file(folder).replace('is a folder', 'is not a folder')}")
+    for count, entry in enumerate(folder.rglob("*")):
+        if count >= max_entries:
+            raise ConfigError(f"{what} {folder} holds more than {max_entries:,} files; give the model's own folder")
+        with contextlib.suppress(OSError):  # a dangling link is the library's to name
+            mode = entry.stat().st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise ConfigError(f"{what} {folder}: {entry.name} is not a regular file (a pipe, socket or device); "
+                                  "replace it by the real file")
+    _record("read", folder)
+    return folder
+
+
+class _NumberTooLarge(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) > MAX_JSON_INT:
+        raise _NumberTooLarge(text)
+    return value
+
+
+def _depth_within(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
+def parse_json(data: str | bytes, *, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON text with bounded nesting and integers (`MAX_JSON_DEPTH`, 64-bit), as named ConfigErrors: a
+    file nested 100,000 deep or a 2^70 seed is refused here, not as a RecursionError or an overflow later."""
+    try:
+        value = json.loads(data, parse_int=_bounded_int)
+    except _NumberTooLarge as err:
+        raise ConfigError(f"{what} holds the number {short_path(str(err), 24)}, beyond 64 bits; no field takes "
+                          "it: give a smaller value") from None
+    except RecursionError:
+        raise ConfigError(f"{what} is nested deeper than the {max_depth} levels a blockdraft JSON file can have; "
+                          "it is not a file of ours, or it is damaged") from None
+    except ValueError as err:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not UTF-8
+        raise ConfigError(f"{what} is not valid JSON ({err}); fix or re-create it") from None
+    if not _depth_within(value, max_depth):
+        raise ConfigError(f"{what} is nested deeper than the {max_depth} levels a blockdraft JSON file can have; "
+                          "it is not a file of ours, or it is damaged")
+    return value
+
+
+def read_json(path: str | Path, *, what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file through the reader gate (`check_input`) and `parse_json`'s bounds."""
+    path = check_input(path, what=what, max_bytes=max_bytes)
+    return parse_json(read_text(path, what=what, max_bytes=max_bytes), what=f"{what} {path}")
+
 
 def _read_json(path: Path) -> Any:
+    """A marker file's JSON, or None for anything unreadable (a FIFO, a bomb, not JSON)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(path, what="marker", max_bytes=MAX_JSON_BYTES)
+    except ConfigError:
         return None
 
 
@@ -69,6 +230,13 @@ def output_kind(folder: str | Path) -> str | None:
     results = _read_json(folder / "results.json")
     if isinstance(results, dict) and results.get("schema") == BENCH_SCHEMA:
         return "bench"
+    index = _read_json(folder / "index.json")
+    if isinstance(index, dict) and index.get("format") == FEATURE_CACHE_FORMAT or \
+            ((folder / "index.json").is_file() and (folder / "features.bin").is_file()):
+        return "feature-cache"  # a damaged index too: its reader names what is wrong with it
+    names = {entry.name for entry in folder.iterdir()} - {LOCK_NAME} if folder.is_dir() else set()
+    if names and (names <= QUICKSTART_NAMES or "QUICKSTART.md" in names):
+        return "quickstart"
     return None
 
 
@@ -77,12 +245,12 @@ def why_not_a_file(path: Path) -> str:
     return "is a folder" if path.is_dir() else "is not a regular file" if path.exists() else "does not exist"
 
 
-def read_text(path: str | Path, *, what: str = "input file") -> str:
+def read_text(path: str | Path, *, what: str = "input file", max_bytes: int = MAX_TEXT_BYTES) -> str:
     """The whole of a UTF-8 text file, gunzipped when its name ends in `.gz`. Bytes that are not UTF-8
     and a `.gz` name on a plain file are named errors (file and line), never a codec traceback."""
-    path = Path(path).expanduser()
-    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or a device would block or never end
-        raise ConfigError(f"{what} {path} is not a regular file (a pipe, socket or device); give a file")
+    path = check_path_length(path, flag=what)
+    if path.exists() and not path.is_dir():  # a FIFO or a device would block or never end; a huge file, fill memory
+        check_input(path, what=what, max_bytes=max_bytes)
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -99,6 +267,16 @@ def read_text(path: str | Path, *, what: str = "input file") -> str:
         line = data.count(b"\n", 0, err.start) + 1
         raise ConfigError(f"{what} {path} line {line} is not UTF-8 text (byte 0x{data[err.start]:02x}); save the "
                           "file as UTF-8") from None
+
+
+def read_json_lines(path: str | Path, *, what: str = "JSONL file") -> list[Any]:
+    """Every non-empty line of a JSONL file through the reader gate, each parsed by `parse_json` (a line
+    that is not JSON is a named error with its line number)."""
+    rows = []
+    for number, line in enumerate(read_text(path, what=what).splitlines(), 1):
+        if line.strip():
+            rows.append(parse_json(line, what=f"{what} {path} line {number}"))
+    return rows
 
 
 def _is_within(inner: Path, outer: Path) -> bool:
@@ -128,6 +306,7 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
         if source.exists() and (_is_within(source.resolve(), resolved) or _is_within(resolved, source.resolve())):
             raise ConfigError(f"{flag} {path} is (or holds, or lies in) {source}, which this command reads from; "
                               "writing there would overwrite it or mix files into it: give another folder")
+    _record("write", path)
     check_writable(path, flag=flag)
     return path
 
@@ -139,7 +318,7 @@ def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str,
     llama.cpp`): refuse a folder, a path under a file, one of the `protect`ed inputs or a path inside a
     protected folder (the target's), and an existing non-empty file that `owned` does not recognise as an
     earlier output of the command (`what` names that kind; `hint` follows the refusal)."""
-    path = Path(out).expanduser()
+    path = check_path_length(out, flag=flag)
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; give a file path such as {path / ('out' + (path.suffix or '.jsonl'))}")
     for parent in path.absolute().parents:
@@ -157,6 +336,8 @@ def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str,
         raise ConfigError(f"{flag} {path} is not a regular file (a device, pipe or socket); give a file path")
     if path.is_file() and path.stat().st_size and not owned(path):
         raise ConfigError(f"{flag} {path} exists and is not {what}; it is left as it is: give a new file{hint}")
+    _record("write", path)
+    check_writable(path.parent, flag=flag)
     return path
 
 
@@ -183,11 +364,23 @@ def disk_error(err: BaseException, path: str | Path) -> ConfigError | None:
         code = next((value for text, value in _DISK_TEXTS.items() if text in str(err)), None)
     if code is None and isinstance(err, RuntimeError) and "unexpected pos" in str(err):
         code = errno.ENOSPC  # torch.save's zip writer reports a short write on a full disk this way
+    if code is None and isinstance(err, OSError) and re.search(r"\d+ requested and \d+ written", str(err)):
+        code = errno.ENOSPC  # numpy's tofile (the gguf writer) reports a short write without an errno
     if code is None:
         return None
     where = getattr(err, "filename", None) or path
     return ConfigError(f"cannot write {where}: {DISK_ERRNOS[code]}; free some space or choose another output "
                        "location")
+
+
+def path_error(err: BaseException) -> ConfigError | None:
+    """A named error for a path the file system cannot take (a name too long, a loop of links) wherever it
+    was met; None for any other failure."""
+    if isinstance(err, OSError) and err.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+        what = "is longer than the file system allows" if err.errno == errno.ENAMETOOLONG else \
+            "is a loop of symbolic links"
+        return ConfigError(f"the path {short_path(err.filename or '?')} {what}; give a shorter or real path")
+    return None
 
 
 @contextlib.contextmanager
@@ -217,7 +410,7 @@ def check_writable(folder: str | Path, *, flag: str = "--out") -> None:
         raise ConfigError(f"{flag} {folder}: {existing} cannot be written (a read-only file system or no "
                           "permission); choose another output location")
     try:  # what os.access cannot see: a pseudo file system (/proc, /sys), a mount that refuses new files
-        handle, probe = tempfile.mkstemp(prefix=".blockdraft-write-check.", dir=existing)
+        handle, probe = tempfile.mkstemp(prefix=WRITE_PROBE, dir=existing)
         os.close(handle)
         os.unlink(probe)
     except OSError as err:
@@ -226,17 +419,43 @@ def check_writable(folder: str | Path, *, flag: str = "--out") -> None:
 
 
 def check_out_dir(out: str | Path, kind: str, *, overwrite: bool = False, flag: str = "--out",
-                  protect: Iterable[str | Path | None] = (), replaced: bool = True) -> Path:
+                  protect: Iterable[str | Path | None] = (), replaced: bool = True,
+                  can_overwrite: bool = True) -> Path:
     """`check_location`, then refuse a non-empty folder that is not an earlier `kind` output unless
-    `overwrite`. Call it before the expensive work, so a refusal costs nothing."""
+    `overwrite`, and one holding trained weights (whatever wrote them) unless `overwrite`. Call it before
+    the expensive work, so a refusal costs nothing. `can_overwrite`: the command has an --overwrite flag
+    (its refusals suggest it)."""
     path = check_location(out, flag=flag, protect=protect, replaced=replaced)
     if _holds_files(path) and not overwrite and not _is_approved(path):
         found = output_kind(path)
         if found != kind:
             holds = f"a {KINDS[found]}" if found else "other files"
             raise ConfigError(f"{flag} {path} is not empty and holds {holds}, not an earlier {KINDS[kind]}; "
-                              f"give a new or empty folder, or pass --overwrite to replace what is there")
+                              "give a new or empty folder"
+                              + (", or pass --overwrite to replace what is there" if can_overwrite else ""))
+        if replaced and holds_trained_weights(path):
+            raise ConfigError(f"{flag} {path} holds a {KINDS[found]} with trained weights; replacing them needs "
+                              "--overwrite: give a new folder, or pass --overwrite to replace it")
     return path
+
+
+#: safetensors metadata that marks weights drawn at random (`init-drafter`): the only weights a writer
+#: replaces without --overwrite, whatever the folder's kind
+UNTRAINED = ("blockdraft", "untrained")
+
+
+def holds_trained_weights(folder: str | Path) -> bool:
+    """Whether `folder` holds a `model.safetensors` that is not marked `UNTRAINED` (an unreadable one
+    counts as trained: replacing it is the user's call)."""
+    weights = Path(folder) / "model.safetensors"
+    if not weights.is_file():
+        return False
+    try:
+        with safe_open(str(weights), "pt") as handle:
+            metadata = handle.metadata() or {}
+    except Exception:  # noqa: BLE001 -- any unreadable file is treated as precious
+        return True
+    return metadata.get(UNTRAINED[0]) != UNTRAINED[1]
 
 
 def _holds_files(path: Path) -> bool:
@@ -284,6 +503,8 @@ def atomic_write_folder(out_dir: str | Path, write: Callable[[Path], None], *, o
     (what `write` will write, e.g. the tensors' bytes): a disk without that much room (the new folder is
     complete before the old one goes) is refused before anything is written."""
     out_dir = check_location(out_dir)
+    if out_dir.is_symlink():  # a link to an earlier output: replace the folder it names, keep the link
+        out_dir = check_location(out_dir.resolve())
     if need_bytes is not None:
         check_free_disk(out_dir.parent, need_bytes + WRITE_MARGIN_BYTES, f"write {out_dir}",
                         fix="Free some space or choose another output location.")

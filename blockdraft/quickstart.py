@@ -48,7 +48,7 @@ from .eval.bench import BenchConfig, parse_dataset, render_chat, run_bench
 from .eval.methods import build_runners
 from .eval.runner import close_runners
 from .eval.report import MIN_PROMPTS, format_interval, speedup_cautions
-from .files import check_location, write_text_atomic
+from .files import check_out_dir, write_text_atomic
 from .target import Target, load_target, native_bf16
 from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
@@ -436,7 +436,8 @@ def _train(job: Job, seconds: float) -> None:
                         features_deadline=now + (FEATURES_SHARE * seconds if answers else seconds), target=job.loaded)
         # The benchmark always names out/drafter, whether the schedule finished or the time ran out.
         save_drafter(load_drafter_model(trained, dtype=torch.float32), job.drafter_dir,
-                     extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}})
+                     extra_files={"train_config.json": config.to_dict(), "trained_from.json": {"checkpoint": str(trained)}},
+                     overwrite=True)  # out/drafter is this quickstart's own (--out passed the gate)
     if job.loaded is not None:  # the machine may be busier or freer than at the probe: the benchmark plans on now
         before = job.speed.step_s
         job.speed = remeasure(job.loaded, job.speed)
@@ -502,7 +503,9 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
                    dataset: str = "humaneval", threads: int | None = None, fetch: bool = True) -> Path:
     """The job: each of STAGES in turn, in the seconds `stage_seconds` gives it; then the summary."""
     started = time.monotonic()
-    out = check_location(out, replaced=False)
+    # --out before anything is written: never an input, never a folder of other files
+    out = check_out_dir(out, "quickstart", replaced=False, can_overwrite=False,
+                        protect=[Path(name).expanduser() for name in (target, draft_model, train_prompts)])
     out.mkdir(parents=True, exist_ok=True)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
         raise ConfigError(f"--budget must be a finite, positive number of minutes, got {budget}")

@@ -9,7 +9,6 @@ nothing of decoding: the cache surgery after a verify pass lives in `decode/cach
 
 from __future__ import annotations
 
-import json
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from .assets import resolve_model
 from .config import DRAFTER_ARCHITECTURES, ConfigError, validate_layer_ids
 from .attention import additive_mask, tree_layout
+from .files import check_input_folder, read_json
 from .devices import (DTYPES, batched_dtype, default_device, native_bf16,  # noqa: F401 (re-exported)
                       parse_dtype, pick_device)
 from .sanity import check_finite
@@ -213,14 +213,12 @@ def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: 
 def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
     """The model at `path`, refusing what transformers would only report: weights missing from the
     checkpoint (initialised at random), unexpected or mis-shaped ones. A tied `lm_head` is not missing."""
+    check_input_folder(path, what="model folder")  # a FIFO or device among its files would block the load
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"{path} has no config.json, so it is not a Hugging Face model folder; point --target at "
                           "the folder holding the model's config.json and weights (or a `blockdraft assets` name)")
-    try:
-        raw = json.loads(config_path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{config_path} is not valid JSON ({err}); re-copy the model folder") from None
+    raw = read_json(config_path, what="model config (re-copy the model folder)")
 
     if isinstance(raw, dict) and any(name in DRAFTER_ARCHITECTURES for name in (raw.get("architectures") or [])):
         raise ConfigError(f"{path} is a DFlash drafter, not a target model: pass it as --drafter, and as --target "

@@ -24,7 +24,8 @@ from torch import nn
 
 from ..config import ConfigError, DFlashConfig, default_target_layer_ids
 from ..drafters.dflash import DFlashDraftModel, DFlashDrafter
-from ..files import atomic_write_folder
+from ..files import (MAX_JSON_BYTES, UNTRAINED, atomic_write_folder, check_input, check_input_folder,
+                     parse_json)
 from ..sanity import check_drafter_file, check_finite  # noqa: F401 (check_finite: re-exported)
 from ..shipped import resolve_drafter, shipped_names
 from ..target import Target
@@ -64,9 +65,11 @@ def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
 
 
 def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: Mapping[str, Any] | None = None,
-                 heads: Mapping[str, nn.Module] | None = None, overwrite: bool = False) -> None:
+                 heads: Mapping[str, nn.Module] | None = None, overwrite: bool = False, untrained: bool = False) -> None:
     """Write the released format. `extra_files` maps file names to JSON-able objects (e.g. a training config).
-    An existing `out_dir` is replaced only if it holds a drafter (or `overwrite`; `files.atomic_write_folder`).
+    An existing `out_dir` is replaced only if it holds an untrained drafter (or `overwrite`;
+    `files.atomic_write_folder`). `untrained`: the weights were drawn at random (`init-drafter`), and the
+    file's metadata says so, so the next writer may replace them without --overwrite.
 
     `heads` (name -> module with a `describe()`) are saved in the same file under `{name}_head.` and
     described in `config.json` under `heads`; without heads the file is the plain released format.
@@ -83,7 +86,8 @@ def save_drafter(model: DFlashDraftModel, out_dir: str | Path, *, extra_files: M
 
     def write(folder: Path) -> None:
         config.save(folder / CONFIG_NAME)
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_file(state, str(folder / WEIGHTS_NAME),
+                  metadata={"format": "pt", **(dict([UNTRAINED]) if untrained else {})})
         for name, obj in (extra_files or {}).items():
             (folder / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
@@ -114,15 +118,28 @@ def zero_missing_o_proj_bias(model: DFlashDraftModel, state: Mapping[str, torch.
     return {key: torch.zeros(model.config.hidden_size, dtype=dtype) for key in keys}
 
 
+def read_drafter_config(path: str | Path) -> DFlashConfig:
+    """A drafter's `config.json` through the reader gate (a FIFO, a bomb or a 100,000-deep nest is a named
+    error), validated by `DFlashConfig.from_dict`."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist: a drafter folder needs config.json and model.safetensors")
+    check_input(path, what="drafter config", max_bytes=MAX_JSON_BYTES)
+    return DFlashConfig.from_dict(parse_json(path.read_bytes(), what=f"{path} (the checkpoint is corrupt: re-save "
+                                                                     "or re-download it)"))
+
+
 def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
                        device: str | torch.device | None = None) -> DFlashDraftModel:
     folder = resolve_drafter(path)
     if not folder.is_dir():
         raise ConfigError(f"drafter folder {folder} does not exist (shipped drafters by name: {shipped_names()})")
-    config = DFlashConfig.load(folder / CONFIG_NAME)
+    check_input_folder(folder, what="drafter folder")
+    config = read_drafter_config(folder / CONFIG_NAME)
     weights = folder / WEIGHTS_NAME
     if not weights.exists():
         raise ConfigError(f"{weights} is missing: a drafter folder needs config.json and model.safetensors")
+    check_input(weights, what="drafter weights")
     check_drafter_file(config, weights)  # sizes against the file's header, before anything is built
     try:
         state = load_file(str(weights))

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import DFlashDraftModel, check_compatible
 from ..drafters.markov import VARIANT_ALIASES
-from ..files import check_out_dir
+from ..files import check_input_folder, check_out_dir, read_json
 from ..target import Target, load_target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, head_prefix, load_strict, save_drafter
 from .headed import build_heads
@@ -93,10 +93,8 @@ def dspark_config(raw: Mapping[str, Any], *, num_target_layers: int | None = Non
 def _read(src: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if not (src / CONFIG_NAME).exists():
         raise ConfigError(f"{src / CONFIG_NAME} does not exist: point at a DSpark checkpoint folder")
-    try:
-        raw = json.loads((src / CONFIG_NAME).read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{src / CONFIG_NAME} is not valid JSON ({err})") from None
+    check_input_folder(src, what="DSpark checkpoint folder")
+    raw = read_json(src / CONFIG_NAME, what="DSpark config")
     weights = src / WEIGHTS_NAME
     if not weights.exists():
         raise ConfigError(f"{weights} is missing (sharded checkpoints are not supported: merge the shards into one "

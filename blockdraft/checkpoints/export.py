@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import check_compatible
-from ..files import atomic_write_folder
+from ..files import UNTRAINED, atomic_write_folder, holds_trained_weights
 from ..target import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
@@ -148,9 +148,12 @@ def export_drafter(drafter_dir: str | Path, out_dir: str | Path, consumer: str, 
         notes.append(f"{consumer}'s DFlash drafter does not soft-cap logits ({softcap:g}): greedy drafts are unchanged"
                      + (", sampled drafts use uncapped q" if consumer == "vllm" else ""))
 
+    # random weights stay marked as such: only they are replaced without --overwrite (files.holds_trained_weights)
+    mark = {} if holds_trained_weights(drafter_dir) else dict([UNTRAINED])
+
     def write(folder: Path) -> None:
         (folder / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt", **mark})
 
     atomic_write_folder(Path(out_dir), write, overwrite=overwrite, need_bytes=state_bytes(state))
     return notes

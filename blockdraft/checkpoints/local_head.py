@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from ..config import LOCAL_HEAD_FORMAT, ConfigError
 from ..drafters.local_head import (DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_SMOOTHING, DeLSFusionHead,
                                    LocalHead, LocalHeadConfig, UnigramPrior, attach_fusion_head)
-from ..files import atomic_write_folder, read_text
+from ..files import MAX_JSON_BYTES, atomic_write_folder, check_input_folder, parse_json, read_text
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_strict, state_bytes
 
 
@@ -42,11 +42,10 @@ def load_local_head(path: str | Path) -> tuple[LocalHead, UnigramPrior]:
     if not (folder / CONFIG_NAME).is_file():
         raise ConfigError(f"{folder} is not a local head folder (no config.json); write one with "
                           f"`blockdraft train-local-head`")
-    try:
-        raw = json.loads(read_text(folder / CONFIG_NAME, what="local head config"))
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON ({err}); the local head is corrupt: train it "
-                          "again with `blockdraft train-local-head`") from None
+    check_input_folder(folder, what="local head folder")
+    raw = parse_json(read_text(folder / CONFIG_NAME, what="local head config", max_bytes=MAX_JSON_BYTES),
+                     what=f"{folder / CONFIG_NAME} (the local head is corrupt: train it again with `blockdraft "
+                          "train-local-head`)")
     if not isinstance(raw, dict) or raw.get("format") != LOCAL_HEAD_FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else f"none: a JSON {type(raw).__name__}"
         raise ConfigError(f"{folder / CONFIG_NAME} is not a local head config (format {found!r}, "

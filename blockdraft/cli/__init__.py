@@ -14,7 +14,7 @@ from .. import __version__
 from ..assets import AssetError
 from ..config import ConfigError
 from ..data.prompts import PromptError
-from ..files import disk_error
+from ..files import disk_error, path_error
 from ..train.checkpoint import TrainingError
 from . import data, engines, measure, run, train
 from .common import add_overwrite_flag, parse_layer_ids
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blockdraft {args.command}: error: {err}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError) as err:
-        # A write the disk refused (read-only, full) anywhere the writers' own checks do not reach: named,
-        # not a traceback. Any other failure is a bug and keeps its traceback.
-        named = disk_error(err, getattr(err, "filename", None) or "the output")
+        # A write the disk refused (read-only, full), or a path it cannot hold (too long), anywhere the gate's own
+        # checks do not reach: named, not a traceback. Any other failure is a bug and keeps its traceback.
+        named = disk_error(err, getattr(err, "filename", None) or "the output") or path_error(err)
         if named is None:
             raise
         print(f"blockdraft {args.command}: error: {named}", file=sys.stderr)

@@ -16,7 +16,7 @@ from ..eval.compare import draw_curves, run_compare
 from ..eval.engine import engine_overhead, format_engine_overhead
 from ..eval.train_speed import bench_train
 from ..eval.verify_cost import format_table, verify_cost_table
-from ..files import check_location
+from ..files import check_location, check_out_file
 from ..target import native_bf16, pick_device
 from .common import deadline, input_folder, method_paths, set_threads, tree_budget_arg
 
@@ -68,9 +68,8 @@ def cmd_curves(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} is a folder; give an image file such as {out / 'curves.png'}")
     if out.suffix.lower() not in CURVE_FORMATS:
         raise ConfigError(f"--out {out} is not an image file: give a {', '.join(CURVE_FORMATS)} path")
-    for parent in out.absolute().parents:
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"--out {out} lies under {parent}, which is a file; give a path inside a folder")
+    # an image replaces an image: the gate refuses what is no image file (a device, a folder, a path under a file)
+    check_out_file(out, owned=lambda path: path.suffix.lower() in CURVE_FORMATS, what="an image")
     name = draw_curves(runs, out)
     if name is None:
         raise ConfigError("plotting needs matplotlib: pip install matplotlib")

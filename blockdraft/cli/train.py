@@ -19,11 +19,10 @@ from ..config import ConfigError
 from ..data.conversations import TokenizedDataset
 from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT, find_fusion_head
 from ..engines.export import CONSUMERS, export
-from ..files import LOCK_NAME, check_location, check_out_dir, overwrite_allowed
+from ..files import check_input, check_out_dir, overwrite_allowed
 from ..shipped import resolve_drafter
 from ..target import load_target, resolve_model_path
 from ..train.config import TrainConfig
-from ..train.features import INDEX_FILE
 from ..train.local_head import LocalHeadTrainConfig, fit_fusion_weights, train_local_head
 from ..train.loop import train
 from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
@@ -57,7 +56,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
                            mask_token_id=args.mask_token_id, intermediate_size=args.intermediate_size, seed=args.seed,
                            arch=args.arch, **shape)
     save_drafter(drafter.model.to(torch.bfloat16) if args.dtype == "bf16" else drafter.model, args.out,
-                 overwrite=args.overwrite)
+                 overwrite=args.overwrite, untrained=True)
     cfg = drafter.config
     dflash2 = ""
     if cfg.is_dflash2:
@@ -140,7 +139,7 @@ def cmd_attach_local_head(args: argparse.Namespace) -> int:
     target, drafter = _load_for_heads(args)
     head_weights = Path(args.local_head) / WEIGHTS_NAME
     if head_weights.is_file():
-        check_finite(load_file(str(head_weights)), head_weights)
+        check_finite(load_file(str(check_input(head_weights, what="local head weights"))), head_weights)
     headed = attach_local_head(drafter, args.local_head, alpha=args.alpha, beta=args.beta)
     _save_headed(headed, args, {"local_head": str(args.local_head), "alpha": args.alpha, "beta": args.beta})
     fusion = find_fusion_head(headed)
@@ -335,11 +334,8 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
 def _check_cache_out(out: str, config) -> None:
     """The README's --out rules for a feature cache, before the target pass: never the target's folder or
     the data file, never a folder of other files (an earlier cache, with its index, is resumed)."""
-    folder = check_location(out, replaced=False, protect=[input_folder(config.target), config.data])
-    if folder.is_dir() and not (folder / INDEX_FILE).is_file() and \
-            any(entry.name != LOCK_NAME for entry in folder.iterdir()):
-        raise ConfigError(f"--out {folder} is not empty and holds other files, not an earlier feature cache; give a "
-                          "new or empty folder")
+    check_out_dir(out, "feature-cache", replaced=False, protect=[input_folder(config.target), config.data],
+                  can_overwrite=False)
 
 
 def add_cache_features(sub) -> None:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..assets import AssetError, resolve_model
 from ..config import ConfigError
-from ..files import check_out_file, check_writable, named_disk_errors, sibling_lock
+from ..files import check_input_folder, check_out_file, check_writable, named_disk_errors, sibling_lock
 from .chat import chat_text
 from .prompts import SHIPPED, Prompt, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
@@ -150,7 +150,7 @@ def regen(target: str | os.PathLike, prompts: Sequence[Prompt], n: int, out_json
         raise ConfigError(f"--n {n} asks for more conversations than the {len(prompts)} prompts available; "
                           f"lower --n to at most {len(prompts)} or give more prompts")
     started = time.time()
-    folder = resolve_model(target)
+    folder = check_input_folder(resolve_model(target), what="target model folder")
     # The same --out rules as every command: never an input (the prompts file, the target's folder), never
     # a file of other things; checked before any work.
     out_jsonl = check_out_file(out_jsonl, owned=is_regen_output, what="a regen output (JSONL rows of regen)",

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..config import ConfigError
-from ..files import write_atomic
+from ..files import check_input, write_atomic
 from .llamacpp import EngineError
 
 SOURCE_ARCH, TARGET_ARCH = "qwen2", "llama"
@@ -33,11 +33,45 @@ def open_gguf(path: str | Path):
     """`gguf.GGUFReader` over `path`, or an EngineError naming the file when it is not a readable GGUF."""
     import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
 
+    check_input(path, what="GGUF file")
     try:
         return gguf.GGUFReader(str(path))
     except (ValueError, IndexError, KeyError, OSError) as err:  # bad magic or version, a cut header or tensor data
         raise EngineError(f"{path} is not a readable GGUF file ({type(err).__name__}: {err}): it is truncated, corrupt "
                           "or another kind of file; re-download or re-convert it") from None
+
+
+def _head_count(reader, key: str, source: Path) -> int:
+    """A head count of the file's metadata: one unsigned or signed integer >= 1 (a string, an array or a float
+    is a broken file, never truncated to a count)."""
+    import gguf  # deferred: gguf takes ~0.4 s to import (as in open_gguf)
+
+    integers = {gguf.GGUFValueType.UINT8, gguf.GGUFValueType.INT8, gguf.GGUFValueType.UINT16,
+                gguf.GGUFValueType.INT16, gguf.GGUFValueType.UINT32, gguf.GGUFValueType.INT32,
+                gguf.GGUFValueType.UINT64, gguf.GGUFValueType.INT64}
+    field = reader.fields.get(key)
+    if field is None:
+        raise EngineError(f"{source} has no {key} (got none): the file is incomplete; re-convert it")
+    if len(field.types) != 1 or field.types[0] not in integers:
+        kinds = "/".join(kind.name.lower() for kind in field.types)
+        raise EngineError(f"{source}: {key} is a {kinds}, not an integer head count: the file is corrupt or "
+                          "hand-edited; re-convert it")
+    value = int(field.contents())
+    if value < 1:
+        raise EngineError(f"{source} has no valid {key} (got {value}): the file is incomplete; re-convert it")
+    return value
+
+
+def _layer_kind(name: str, source: Path) -> str:
+    """`blk.N.KIND...` -> KIND; '' for a tensor outside the layers. A `blk.` name without a layer index
+    is a broken file."""
+    if not name.startswith("blk."):
+        return ""
+    parts = name.split(".")
+    if len(parts) < 3 or not parts[1].isdigit():
+        raise EngineError(f"{source}: the tensor {name!r} has no layer index (blk.N.NAME): the file is corrupt or "
+                          "hand-edited; re-convert it")
+    return parts[2]
 
 
 def interleave_rope_rows(rows: np.ndarray, n_heads: int) -> np.ndarray:
@@ -63,13 +97,9 @@ def qwen2_gguf_as_llama(source: str | Path, out_file: str | Path, *,
     if arch != SOURCE_ARCH:
         raise EngineError(f"{source} is a {arch!r} GGUF; only {SOURCE_ARCH!r} targets are rewritten as "
                           f"{TARGET_ARCH!r} (a Qwen2 decoder is a Llama decoder with q/k/v biases)")
-    heads = {}
-    for key in set(PERMUTED.values()):
-        field = reader.fields.get(f"{SOURCE_ARCH}.attention.{key}")
-        heads[key] = int(field.contents()) if field is not None else 0
-        if heads[key] < 1:
-            raise EngineError(f"{source} has no valid {SOURCE_ARCH}.attention.{key} (got "
-                              f"{'none' if field is None else heads[key]}): the file is incomplete; re-convert it")
+    heads = {key: _head_count(reader, f"{SOURCE_ARCH}.attention.{key}", source) for key in set(PERMUTED.values())}
+    for tensor in reader.tensors:
+        _layer_kind(tensor.name, source)
 
     def write(partial: Path) -> None:
         writer = gguf.GGUFWriter(str(partial), TARGET_ARCH, endianess=reader.endianess)
@@ -83,7 +113,7 @@ def qwen2_gguf_as_llama(source: str | Path, out_file: str | Path, *,
         tensors = []
         for tensor in reader.tensors:
             data = tensor.data
-            kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+            kind = _layer_kind(tensor.name, source)
             if kind in PERMUTED:
                 data = interleave_rope_rows(np.asarray(data), heads[PERMUTED[kind]])
             tensors.append(data)

@@ -58,7 +58,7 @@ from .. import __version__
 from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_types, check_ranges
 from ..decode.cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
-from ..files import check_location, write_json_atomic
+from ..files import check_input, check_location, parse_json, write_json_atomic
 from ..target import default_device, native_bf16
 from ..targets import load_target
 from .batch_bench import check_methods, measure_batches, pending_batches
@@ -179,13 +179,11 @@ def read_results(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path} does not exist; run `blockdraft bench ... --out DIR` first") from None
-    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError (binary bytes) included
-        raise ConfigError(f"{path} is not a readable results file ({err}); re-run `blockdraft bench` into a new "
-                          "--out, or restore the file") from None
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; run `blockdraft bench ... --out DIR` first")
+    check_input(path, what="bench results", max_bytes=4 << 30)
+    results = parse_json(path.read_bytes(), what=f"{path} (not a readable results file: re-run `blockdraft bench` "
+                                                 "into a new --out, or restore the file)")
     if not isinstance(results, dict) or results.get("schema") != SCHEMA:
         raise ConfigError(f"{path} is not a blockdraft bench results file (schema {SCHEMA})")
     check_records(results, path)

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..config import ConfigError
-from ..files import write_json_atomic, write_text_atomic
+from ..files import read_json_lines, write_json_atomic, write_text_atomic
 from ..train.config import TrainConfig
 from ..train.loop import train
 from . import metrics as M
@@ -211,10 +211,10 @@ def read_curves(out_dir: str | Path) -> dict[str, list]:
     curves: dict[str, list] = {"train": [], "eval": []}
     if not path.exists():
         return curves
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for number, row in enumerate(read_json_lines(path, what="training metrics"), 1):
+        if not isinstance(row, dict) or type(row.get("step")) is not int:
+            raise ConfigError(f"training metrics {path}: row {number} is not an object with an integer step; the "
+                              "file is damaged: restore it, or delete the damaged rows")
         if "eval" in row:
             curves["eval"].append((row["step"], row["eval"]))
         elif "loss" in row:

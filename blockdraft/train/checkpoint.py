@@ -9,7 +9,6 @@ is replaced atomically after it, so a killed run always leaves the previous good
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -20,7 +19,8 @@ import torch
 from ..checkpoints import save_drafter
 from ..checkpoints.dflash import state_bytes
 from ..config import ConfigError, DFlashConfig
-from ..files import WRITE_MARGIN_BYTES, check_free_disk, named_disk_errors, write_json_atomic
+from ..files import (WRITE_MARGIN_BYTES, check_free_disk, check_input, named_disk_errors, read_json,
+                     write_json_atomic)
 from .config import TrainConfig
 
 
@@ -42,7 +42,7 @@ def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlas
     with named_disk_errors(staging, partial=[staging]):  # a full disk: a named error, no half file left
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key(),
                     "data_fingerprint": data_fingerprint}, staging)
-        save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads)
+        save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads, overwrite=True)
         os.replace(staging, folder / "train_state.pt")
     write_json_atomic(out_dir / "latest.json", {"step": step, "path": str(folder.relative_to(out_dir))})
     _prune(out_dir / "checkpoints", keep=config.keep_checkpoints, current=folder)
@@ -92,11 +92,11 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     if not pointer.exists():
         return None
     try:
-        raw = json.loads(pointer.read_text())
+        raw = read_json(pointer, what="run pointer", max_bytes=1 << 20)
         relative = Path(raw["path"])
-        if not isinstance(raw["step"], int) or relative.is_absolute() or ".." in relative.parts:
+        if type(raw["step"]) is not int or raw["step"] < 0 or relative.is_absolute() or ".." in relative.parts:
             raise ValueError("bad path or step")
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (ConfigError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"{pointer} is corrupt ({err}); it should read {{\"step\": N, \"path\": "
                           f"\"checkpoints/step_00000N\"}}: fix it to name a checkpoint under {out_dir}/checkpoints, "
                           "or delete it to restart") from None
@@ -109,7 +109,7 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 def load_train_state(folder: Path, config: TrainConfig) -> dict:
     """The optimizer state and step of a checkpoint, read with `weights_only=True`: a crafted pickle
     cannot run code. Refuses a checkpoint trained with other fields (`TrainConfig.resume_key`)."""
-    path = folder / "train_state.pt"
+    path = check_input(folder / "train_state.pt", what="training state")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -124,6 +124,10 @@ def load_train_state(folder: Path, config: TrainConfig) -> dict:
     if not isinstance(state, dict) or not {"step", "optimizer", "resume_key"} <= state.keys():
         raise ConfigError(f"{path} lacks step/optimizer/resume_key; the checkpoint is corrupt: delete {folder} "
                           "and point latest.json at an earlier one, or start a new out_dir")
+    if type(state["step"]) is not int or state["step"] < 0 or not isinstance(state["resume_key"], dict):
+        raise ConfigError(f"{path} holds step {state['step']!r}, not a step count >= 0 (or a resume_key that is not "
+                          f"a mapping); the checkpoint is corrupt: delete {folder} and point latest.json at an "
+                          "earlier one, or start a new out_dir")
     theirs, ours = state["resume_key"], config.resume_key()
     differing = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
     if differing:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import MAX_BLOCK_SIZE, MAX_DRAFT_LAYERS, ConfigError, check_field_types, check_ranges
 from ..devices import DTYPES, native_bf16
-from ..files import read_text, why_not_a_file
+from ..files import MAX_JSON_BYTES, parse_json, read_text, why_not_a_file
 from ..losses import LOSSES, SOFT_TARGET_LOSSES, TERMS, LossKnobs, objective_options, reads
 from .heads import HEAD_OBJECTIVES, check_head_config, normalise_heads
 from .labels import LABEL_POLICIES
@@ -28,7 +28,8 @@ RANGES = {
     "block_size": f"[2, {MAX_BLOCK_SIZE}]", "draft_vocab_size": ">= 1", "gamma": "> 0", "alpha": "[0, 1]",
     "topk": ">= 1", "alpha_f": ">= 0", "alpha_c": ">= 0", "l2r_gamma": "> 0",
     "lr": "> 0", "warmup_ratio": "[0, 1)", "max_steps": ">= 1", "grad_clip": "> 0", "grad_accum": ">= 1",
-    "sequences_per_step": ">= 1", "num_anchors": ">= 1", "weight_decay": ">= 0", "seed": ">= 0",
+    "sequences_per_step": ">= 1", "num_anchors": ">= 1", "weight_decay": ">= 0",
+    "seed": "[0, 4294967296)",  # 32 bits: the batch order seeds torch generators with seed * 100003 + epoch
     "cache_topk": ">= 0", "threads": ">= 1", "heldout": ">= 0", "train_conversations": ">= 1",
     "eval_every": ">= 1", "eval_anchors": ">= 1", "save_every": ">= 1", "log_every": ">= 1",
     "keep_checkpoints": ">= 1", "selector_alpha": ">= 0", "selector_warmup_steps": ">= 0",
@@ -253,10 +254,7 @@ class TrainConfig:
     def load(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> "TrainConfig":
         if not Path(path).is_file():
             raise ConfigError(f"recipe {path} {why_not_a_file(Path(path))}")
-        try:
-            raw = json.loads(read_text(path, what="recipe"))
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"recipe {path} is not valid JSON: {err}") from None
+        raw = parse_json(read_text(path, what="recipe", max_bytes=MAX_JSON_BYTES), what=f"recipe {path}")
         if not isinstance(raw, dict):
             raise ConfigError(f"recipe {path} must hold a JSON object of field: value, got a {type(raw).__name__}")
         raw.pop("_comment", None)
@@ -351,9 +349,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...])
         if field not in known or (option and field != "objective_options"):
             raise ConfigError(f"unknown training config field {key!r} in override; valid fields: {sorted(known)}")
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            pass
+            value = parse_json(value, what=f"override {key}")
+        except ConfigError as err:
+            if "not valid JSON" not in str(err):  # a number beyond 64 bits, a 100,000-deep nest
+                raise
+
         if option:
             value = {**(out.get(field) or {}), option: value}
         out[field] = value

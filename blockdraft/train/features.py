@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError
 from ..data.conversations import TokenizedConversation, TokenizedDataset, fingerprint_of, sequence_hash
-from ..files import folder_lock, human_bytes, write_json_atomic
+from ..files import folder_lock, human_bytes, read_json, write_json_atomic
 
 FORMAT = "blockdraft-features/1"
 INDEX_FILE, DATA_FILE = "index.json", "features.bin"
@@ -77,9 +77,42 @@ def _read_index(out_dir: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except ValueError:
-        raise FeatureCacheError(f"{path} is not valid JSON; delete {out_dir} and cache again") from None
+        index = read_json(path, what="feature cache index")
+    except ConfigError as err:
+        raise FeatureCacheError(f"{err}; delete {out_dir} and cache again") from None
+    problem = _index_problem(index)
+    if problem:
+        raise FeatureCacheError(f"{path} is damaged ({problem}); delete {out_dir} and cache again")
+    return index
+
+
+def _index_problem(index) -> str | None:
+    """What is wrong with a feature cache index, in words; None for a consistent one. Every offset must
+    lie in the files the index describes: a shifted one would read rows of another sequence, or none."""
+    def counts(value, low: int = 0) -> bool:
+        return isinstance(value, list) and all(type(item) is int and item >= low for item in value)
+
+    if not isinstance(index, dict):
+        return f"a JSON {type(index).__name__}, not an object"
+    if index.get("format") != FORMAT:
+        return None  # another format: the readers name it
+    lengths, offsets = index.get("lengths"), index.get("offsets")
+    if not counts(lengths, 1) or not counts(offsets):
+        return "lengths and offsets must be lists of token counts"
+    if offsets != [0, *np.cumsum(lengths).tolist()]:
+        return "its offsets do not follow its sequence lengths"
+    numbers = {name: index.get(name) for name in ("total_tokens", "num_sequences", "done", "hidden_size",
+                                                  "num_features", "topk")}
+    if not all(type(value) is int and value >= 0 for value in numbers.values()):
+        return f"{', '.join(numbers)} must be integers >= 0"
+    if numbers["total_tokens"] != offsets[-1] or numbers["num_sequences"] != len(lengths) \
+            or numbers["done"] > len(lengths):
+        return "total_tokens, num_sequences or done disagree with its lengths"
+    if not counts(index.get("layer_ids")) or numbers["num_features"] != len(index["layer_ids"]) * numbers["hidden_size"]:
+        return "layer_ids and num_features disagree with hidden_size"
+    if index.get("dtype") not in TORCH_DTYPES or not isinstance(index.get("complete"), bool):
+        return "dtype or complete is not a value this version writes"
+    return None
 
 
 def _write_index(out_dir: Path, index: dict) -> None:

@@ -29,11 +29,12 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ..checkpoints import init_drafter, load_drafter_model, save_drafter
-from ..config import ConfigError, DFlashConfig, default_target_layer_ids
+from ..checkpoints.dflash import read_drafter_config
+from ..config import ConfigError, default_target_layer_ids
 from ..data.anchors import sample_anchors
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
-from ..files import LOCK_NAME, check_out_dir, folder_lock
+from ..files import LOCK_NAME, check_out_dir, folder_lock, read_json_lines, write_text_atomic
 from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss, selector_ce, selector_weight, with_selector
 from ..runs import default_run_dir
 from ..target import Target, load_target, pick_device
@@ -83,23 +84,45 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     dist_info = Distributed.from_env(device)
     # The run writes its own files into out_dir and never replaces the folder itself; it must not be
     # the target's folder, whose files it would mix with its own.
+    inputs = [config.target if Path(config.target).is_dir() else None, config.drafter_init, config.data]
     out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir", replaced=False,
-                            protect=[config.target if Path(config.target).is_dir() else None, config.drafter_init])
+                            protect=inputs[:2])
+    if config.features == "cached" and config.feature_cache:  # a second output: the same gate as cache-features'
+        check_out_dir(config.feature_cache, "feature-cache", flag="feature_cache", replaced=False, protect=inputs,
+                      can_overwrite=False)
     features_deadline = deadline if features_deadline is None else features_deadline
     if not dist_info.is_main:
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
                     features_deadline=features_deadline, target=target)
+    fresh = not out_dir.is_dir() or not any(entry.name != LOCK_NAME for entry in out_dir.iterdir())
     out_dir.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
-        return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
-                    features_deadline=features_deadline, target=target)
+    try:
+        with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
+            return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
+                        features_deadline=features_deadline, target=target)
+    except ConfigError:
+        if fresh:
+            _forget_refused_run(out_dir)
+        raise
+
+
+def _forget_refused_run(out_dir: Path) -> None:
+    """A new run refused before its first checkpoint (no disk, bad data) leaves no `train_config.json` or lock
+    behind, so the folder does not read as a training run later (`files.output_kind`); a feature cache it
+    began stays, to be resumed."""
+    if (out_dir / "latest.json").exists():
+        return
+    for name in ("train_config.json", "metrics.jsonl", LOCK_NAME):
+        (out_dir / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out_dir.rmdir()  # only when nothing else is left
 
 
 def check_dflash2_fields(config: TrainConfig) -> None:
     """The DFlash 2 fields act only on a DFlash 2 run (arch=dflash2, or a drafter_init that is one): set for any
     other run they would be ignored, so they are refused before any work."""
     path = Path(config.drafter_init) / "config.json" if config.drafter_init else None
-    init = DFlashConfig.load(path) if path is not None and path.is_file() else None
+    init = read_drafter_config(path) if path is not None and path.is_file() else None
     if init is not None and config.arch == "dflash2" and not init.is_dflash2:
         raise ConfigError(f"arch=dflash2 builds a new DFlash 2 drafter, but drafter_init {config.drafter_init} is a "
                           "DFlash 1 drafter, which the run would train as it is: drop arch=dflash2, or drafter_init")
@@ -422,7 +445,9 @@ def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, r
     progress.close()
     final = out_dir / "final"
     if dist_info.is_main and end_step == config.max_steps:
-        save_drafter(run.model, final, extra_files={"train_config.json": config.to_dict()}, heads=run.heads)
+        # the run folder passed the gate as this run's own: its final drafter is replaced without a flag
+        save_drafter(run.model, final, extra_files={"train_config.json": config.to_dict()}, heads=run.heads,
+                     overwrite=True)
     return final if end_step == config.max_steps else (last_good or out_dir)
 
 
@@ -430,6 +455,7 @@ def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, r
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Drop rows logged after `step` (a resumed run logs them again)."""
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    keep = [line for line in rows if json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+    rows = read_json_lines(path, what="training metrics")
+    keep = [row for row in rows if not isinstance(row, dict) or not isinstance(row.get("step", 0), int)
+            or row.get("step", 0) <= step]
+    write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in keep))

@@ -13,13 +13,14 @@ command builds it ahead of a run (or for several runs), from a recipe or from fl
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, DFlashConfig, default_target_layer_ids
+from ..checkpoints.dflash import read_drafter_config
+from ..config import ConfigError, default_target_layer_ids
+from ..files import check_out_dir
 from ..data.conversations import TokenizedDataset
 from ..runs import default_cache_dir, default_run_dir, find_data
 from ..target import load_target, pick_device
@@ -34,11 +35,7 @@ LOGPROB_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 def layer_ids_for(config: TrainConfig, target) -> tuple[int, ...]:
     """The target layers the run will read: the drafter_init's, the recipe's, or the default ids (config.default_target_layer_ids)."""
     if config.drafter_init:
-        path = Path(config.drafter_init) / "config.json"
-        try:
-            return DFlashConfig.from_dict(json.loads(path.read_text())).target_layer_ids
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"cannot read the target layers of drafter_init {path}: {err}") from None
+        return read_drafter_config(Path(config.drafter_init) / "config.json").target_layer_ids
     return config.target_layer_ids or default_target_layer_ids(target.num_layers, config.num_layers)
 
 
@@ -65,6 +62,9 @@ def build_cache(config: TrainConfig, *, out: str | None = None, logprob_dtype: t
         folder = Path(config.out_dir or default_run_dir(config)) / "features"
     else:
         folder = default_cache_dir(config.target, dataset.fingerprint, layer_ids, topk)
+    # the gate every feature cache passes, whichever of the four places it is (cache-features and train alike)
+    check_out_dir(folder, "feature-cache", flag="feature cache folder", replaced=False, can_overwrite=False,
+                  protect=[config.target if Path(config.target).is_dir() else None, config.data])
     print(f"cache-features: {folder}", file=sys.stderr)
     cache = cache_features(target, dataset, layer_ids, folder, topk=topk, logprob_dtype=logprob_dtype,
                            progress=progress)
