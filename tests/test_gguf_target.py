@@ -97,6 +97,9 @@ def test_logits_and_features_match_transformers(setup):
     assert torch.equal(gguf.embed_tokens.weight, hf.model.get_input_embeddings().weight)
     assert torch.equal(gguf.lm_head.weight, hf.model.get_output_embeddings().weight)
     assert gguf.eos_token_ids() == [hf.model.config.eos_token_id]
+    from blockdraft.checkpoints.dflash import new_drafter_config  # a fresh drafter is shaped the same from both
+
+    assert new_drafter_config(gguf, num_layers=1, block_size=8) == new_drafter_config(hf, num_layers=1, block_size=8)
 
 
 def test_plain_decoding_follows_llamacpp_steps(setup):
@@ -214,3 +217,56 @@ def test_bad_inputs_are_named(setup, tmp_path):
     with pytest.raises(ConfigError, match="sequence ids"):
         blockdraft.generate(gguf, drafter, setup["prompts"][0], max_new_tokens=8, tree_budget=256)
     assert len(gguf._free) == 256
+
+
+@pytest.fixture(scope="module")
+def vocab8(build, tmp_path_factory):
+    """chi_square.py's tiny 8-token target as an F32 GGUF, and the transformers model it was written from."""
+    from blockdraft.targets import load_target
+    from chi_square import make_target
+
+    hf = make_target()
+    return hf, load_target(write_tiny_gguf(hf.model, tmp_path_factory.mktemp("v8") / "v8.gguf"), threads=1)
+
+
+def gguf_exact_joint(target, sampling, prompt):
+    """chi_square.exact_joint with the GGUF target's own logits (one llama.cpp pass per prefix)."""
+    import itertools
+
+    from blockdraft.decode.sampling import to_probs
+    from chi_square import COMPARED, VOCAB
+
+    joint = {}
+    for prefix in itertools.product(range(VOCAB), repeat=COMPARED - 1):
+        ids = torch.cat([prompt, torch.tensor([prefix])], dim=1)
+        cache = target.open_cache(())
+        logits = target.forward(ids, 0, cache).logits[0]
+        cache.close()
+        n = prompt.shape[1]
+        probs = [to_probs(logits[n - 1 + i], sampling).double() for i in range(COMPARED)]
+        p = 1.0
+        for i, token in enumerate(prefix):
+            p *= float(probs[i][token])
+        for token in range(VOCAB):
+            joint[(*prefix, token)] = p * float(probs[COMPARED - 1][token])
+    return joint
+
+
+@pytest.mark.parametrize("case", ["small_ar_chain", "dflash_tree", "broken_slot_2"])
+def test_sampling_follows_the_gguf_targets_distribution(vocab8, case, monkeypatch):
+    """Speculative sampling on llama.cpp's logits: the first three tokens follow the file's own sampling law
+    (chi-square), a chain's slot 2 and a tree's depth 2 are reached, and a rule broken at slot 2 is seen."""
+    from chi_square import PROMPT, SAMPLING, break_chains, chi_square_p, draw, slot_two_rounds, small_ar_drafter
+
+    hf, gguf = vocab8
+    draws = 600
+    if case == "dflash_tree":
+        drafter = blockdraft.as_tree(blockdraft.init_drafter(gguf, num_layers=1, block_size=3), 6, gguf)
+    else:
+        drafter = small_ar_drafter(gguf)  # a transformers draft model proposing for the GGUF target
+    if case == "broken_slot_2":
+        break_chains(monkeypatch, "q_alignment")
+    counts = draw(gguf, drafter, SAMPLING, draws)
+    assert slot_two_rounds(counts)[0] > draws // 10, "slot 2 must often meet the acceptance test"
+    p_value = chi_square_p(counts, gguf_exact_joint(gguf, SAMPLING, PROMPT), draws)
+    assert (p_value < 1e-6) if case == "broken_slot_2" else (p_value > 1e-3)

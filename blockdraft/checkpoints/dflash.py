@@ -227,10 +227,17 @@ def new_drafter_config(target: Target, *, num_layers: int = 1, block_size: int =
         mask_token_id=default_mask_token_id(target) if mask_token_id is None else mask_token_id,
         rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), max_position_embeddings=target.max_positions,
         rope_parameters=rope, draft_vocab_size=draft_vocab_size,
-        attention_bias=target.model.model.layers[0].self_attn.q_proj.bias is not None,
+        attention_bias=_has_qkv_bias(target),
         input_embedding_scale=target.input_embedding_scale, final_logit_softcapping=target.softcap or None,
         **dflash2,
     )
+
+
+def _has_qkv_bias(target: Target) -> bool:
+    """Whether the target's attention projections carry biases (Qwen2): its drafter's layers copy the choice.
+    A GGUF target states it in its config (from the file's tensors); a transformers target shows it."""
+    stated = getattr(target.config, "qkv_bias", None)
+    return stated if stated is not None else target.model.model.layers[0].self_attn.q_proj.bias is not None
 
 
 @torch.no_grad()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -108,6 +109,7 @@ class GGUFTarget:
         self._embed: nn.Embedding | None = None
         self._head: nn.Linear | None = None
         self._captured: frozenset[int] = frozenset()
+        self._config: SimpleNamespace | None = None
         self.engine.clear()
 
     def __repr__(self) -> str:
@@ -123,6 +125,27 @@ class GGUFTarget:
             except (OSError, ValueError, KeyError, TypeError, NotImplementedError, RuntimeError):
                 self._tokenizer = False
         return self._tokenizer or None
+
+    @property
+    def config(self) -> SimpleNamespace:
+        """The decoder's shape from the file's metadata, in transformers' field names (what a fresh drafter
+        is shaped by: `checkpoints/dflash.py::new_drafter_config`)."""
+        if self._config is None:
+            arch, meta = self.architecture, self.engine.meta
+
+            def number(key: str, default=None):
+                value = meta(f"{arch}.{key}")
+                return default if value is None else float(value) if "." in value or "e" in value else int(value)
+
+            heads = number("attention.head_count")
+            self._config = SimpleNamespace(
+                num_attention_heads=heads, num_key_value_heads=number("attention.head_count_kv", heads),
+                intermediate_size=number("feed_forward_length"),
+                head_dim=number("attention.key_length", self.hidden_size // heads if heads else None),
+                rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-6),
+                rope_parameters={"rope_type": "default", "rope_theta": float(number("rope.freq_base", 10000.0))},
+                qkv_bias=read_gguf_tensor(self.path, "blk.0.attn_q.bias", shape_only=True) is not None)
+        return self._config
 
     # --- the surface drafters read ---------------------------------------------------------------
     @property
@@ -394,11 +417,14 @@ def _release(target: GGUFTarget, seq_of: dict, low: list) -> None:
         pass
 
 
-def read_gguf_tensor(path: Path, name: str) -> np.ndarray | None:
-    """Tensor `name` of a GGUF as float32 (rows, cols), dequantised by the gguf package; None when absent."""
+def read_gguf_tensor(path: Path, name: str, *, shape_only: bool = False) -> np.ndarray | tuple | None:
+    """Tensor `name` of a GGUF as float32 (rows, cols), dequantised by the gguf package (or only its shape);
+    None when absent."""
     reader = GGUFReader(path)
     for tensor in reader.tensors:
         if tensor.name == name:
+            if shape_only:
+                return tuple(int(d) for d in tensor.shape)
             values = dequantize(tensor.data, tensor.tensor_type)
             rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
             return np.ascontiguousarray(values.reshape(rows, -1), dtype=np.float32)
