@@ -25,7 +25,7 @@ def drafters(kind):
     target = tiny_target("llama")  # DSpark layout: the anchor slot predicts too
     torch.manual_seed(0)
     config = dataclasses.replace(new_drafter_config(target, num_layers=1, block_size=5), layout="dspark")
-    return target, DFlashDrafter(DFlashDraftModel(config).eval(), target)
+    return target, DFlashDrafter(DFlashDraftModel(config).eval().to(target.device), target)
 
 
 def features(target, drafter, sequence, start, stop):
@@ -41,15 +41,16 @@ def test_each_row_proposes_what_it_would_alone(kind, temperature, late):
     target, drafter = drafters(kind)
     sampling = SamplingConfig(temperature=temperature)
     generator = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(1, 200, (1, n + 1), generator=generator) for n in LENGTHS]  # prompt + first token
+    sequences = [torch.randint(1, 200, (1, n + 1), generator=generator).to(target.device)
+                 for n in LENGTHS]  # prompt + first token
     batched, alone = drafter.batch_drafter(len(sequences)), [drafter.spawn() for _ in sequences]
     first = 2 if late else len(sequences)
     batched.reset([s[:, :-1] for s in sequences[:first]],
                   [features(target, drafter, s, 0, s.shape[1] - 1) for s in sequences[:first]])
     for row, s in enumerate(sequences):
         alone[row].reset(s[:, :-1], features(target, drafter, s, 0, s.shape[1] - 1))
-    gens_batched = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
-    gens_alone = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
+    gens_batched = [torch.Generator(target.device).manual_seed(row) for row in range(len(sequences))]
+    gens_alone = [torch.Generator(target.device).manual_seed(row) for row in range(len(sequences))]
     rows, compared = list(range(first)), 0
     for round_index in range(7):
         if late and round_index == 3:
@@ -64,7 +65,7 @@ def test_each_row_proposes_what_it_would_alone(kind, temperature, late):
         # each row commits its own count (1 .. k+1) of tokens; row 1 leaves after round 2, row 2 after round 4
         for index, row in enumerate(rows):
             count = 1 + (row * 3 + round_index) % (proposals[index].tokens.numel() + 1)
-            new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator)])[:count]
+            new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator).to(target.device)])[:count]
             start = sequences[row].shape[1] - 1
             sequences[row] = torch.cat([sequences[row], new[None]], dim=1)
             committed = features(target, drafter, sequences[row], start, sequences[row].shape[1] - 1)

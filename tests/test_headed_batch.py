@@ -45,7 +45,7 @@ def backbones(target, text=None):
     parts = {"dflash": init_drafter(target, num_layers=1, block_size=6, seed=6)}
     torch.manual_seed(0)
     config = dataclasses.replace(new_drafter_config(target, num_layers=1, block_size=7), layout="dspark")
-    parts["dspark"] = DFlashDrafter(DFlashDraftModel(config).eval(), target)
+    parts["dspark"] = DFlashDrafter(DFlashDraftModel(config).eval().to(target.device), target)
     parts["reduced"] = init_drafter(target, num_layers=1, block_size=5, seed=8, draft_vocab=torch.arange(0, 256, 3))
     if text is not None:
         for backbone in parts.values():
@@ -128,7 +128,8 @@ def test_each_row_proposes_what_it_would_alone(target, kind, temperature):
     drafter = build(target, kind)
     sampling = SamplingConfig(temperature=temperature)
     generator = torch.Generator().manual_seed(0)
-    sequences = [torch.randint(1, 200, (1, n + 1), generator=generator) for n in LENGTHS]  # prompt + first token
+    sequences = [torch.randint(1, 200, (1, n + 1), generator=generator).to(target.device)
+                 for n in LENGTHS]  # prompt + first token
 
     def features(sequence, start, stop):
         return target.forward(sequence[:, :stop], 0, target.new_cache(), drafter.target_layer_ids).features[:, start:stop]
@@ -137,8 +138,8 @@ def test_each_row_proposes_what_it_would_alone(target, kind, temperature):
     batched.reset([s[:, :-1] for s in sequences[:2]], [features(s, 0, s.shape[1] - 1) for s in sequences[:2]])
     for row, s in enumerate(sequences):
         alone[row].reset(s[:, :-1], features(s, 0, s.shape[1] - 1))
-    gens_batched = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
-    gens_alone = [torch.Generator().manual_seed(row) for row in range(len(sequences))]
+    gens_batched = [torch.Generator(target.device).manual_seed(row) for row in range(len(sequences))]
+    gens_alone = [torch.Generator(target.device).manual_seed(row) for row in range(len(sequences))]
     rows, compared = [0, 1], 0
     for round_index in range(6):
         if round_index == 3:
@@ -151,7 +152,7 @@ def test_each_row_proposes_what_it_would_alone(target, kind, temperature):
         compared += count
         for index, row in enumerate(rows):  # each row commits its own count of tokens
             count = 1 + (row * 3 + round_index) % (proposals[index].tokens.numel() + 1)
-            new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator)])[:count]
+            new = torch.cat([proposals[index].tokens, torch.randint(1, 200, (count,), generator=generator).to(target.device)])[:count]
             start = sequences[row].shape[1] - 1
             sequences[row] = torch.cat([sequences[row], new[None]], dim=1)
             committed = features(sequences[row], start, sequences[row].shape[1] - 1)
