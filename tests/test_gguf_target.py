@@ -270,3 +270,29 @@ def test_sampling_follows_the_gguf_targets_distribution(vocab8, case, monkeypatc
     assert slot_two_rounds(counts)[0] > draws // 10, "slot 2 must often meet the acceptance test"
     p_value = chi_square_p(counts, gguf_exact_joint(gguf, SAMPLING, PROMPT), draws)
     assert (p_value < 1e-6) if case == "broken_slot_2" else (p_value > 1e-3)
+
+
+def test_dflash2_and_headed_drafters_decode_on_gguf(setup):
+    """DFlash 2 (convolution + candidate selector, as a chain and as the selector's tree) and a headed drafter
+    (Markov + confidence heads on the fitted backbone) on llama.cpp's features, alone and as batch rows."""
+    from blockdraft.drafters.confidence import ConfidenceHead
+    from blockdraft.drafters.markov import MarkovHead
+    from helpers import headed
+
+    gguf = setup["gguf"]
+    torch.manual_seed(0)
+    dflash2 = blockdraft.init_drafter(gguf, num_layers=1, block_size=4, arch="dflash2", selector_rank=8,
+                                      selector_top_k=4)
+    backbone = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
+    heads = headed(backbone, MarkovHead(gguf.vocab_size, 16), ConfidenceHead(gguf.hidden_size, 16))
+    for label, drafter, options in (("dflash2", dflash2, {}), ("dflash2 tree", dflash2, dict(tree_budget=8)),
+                                    ("headed", heads, {})):
+        results = [blockdraft.generate(gguf, drafter, prompt, max_new_tokens=NEW_TOKENS, stop_token_ids=(), **options)
+                   for prompt in setup["prompts"]]
+        for result, plain in zip(results, setup["plain"]):
+            assert_plain(result.tokens, plain)
+        assert accepted(results) > 0, label
+    rows = blockdraft.generate_batch(gguf, heads, setup["prompts"], max_new_tokens=NEW_TOKENS, stop_token_ids=())
+    for result, plain in zip(rows, setup["plain"]):
+        assert_plain(result.tokens, plain)
+    assert len(gguf._free) == 256
