@@ -417,6 +417,9 @@ def dflash2_fields(raw: Mapping[str, Any], dflash: Mapping[str, Any], is_dflash2
     if not is_dflash2 and any(value is not None for value in fields.values()):
         raise ConfigError(f"config.json names {DFLASH_ARCHITECTURE} but holds DFlash 2 fields "
                           f"({[k for k, v in fields.items() if v is not None]}): name {DFLASH2_ARCHITECTURE} or drop them")
+    if not isinstance(raw.get("is_causal", False), bool):
+        raise ConfigError(f"config.json sets is_causal to {raw['is_causal']!r}, not a JSON boolean: write false (the "
+                          "drafters attend bidirectionally within the block)")
     if raw.get("is_causal"):
         raise ConfigError("config.json sets is_causal: true (a causal mask inside the block); blockdraft drafters "
                           "attend bidirectionally within the block as the released DFlash models do")

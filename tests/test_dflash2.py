@@ -252,8 +252,10 @@ def test_a_reduced_vocabulary_selector_decodes_losslessly_and_saves_over_an_earl
     for prompt in prompts(2, seed=11):
         plain = blockdraft.generate(target, None, prompt, max_new_tokens=24, stop_token_ids=()).tokens
         assert blockdraft.generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=()).tokens == plain
-    save_drafter(drafter.model, tmp_path / "d")
-    save_drafter(drafter.model, tmp_path / "d")  # an earlier DFlash 2 folder is a drafter folder to replace
+    save_drafter(drafter.model, tmp_path / "d", untrained=True)
+    save_drafter(drafter.model, tmp_path / "d")  # an earlier (untrained) DFlash 2 folder is a drafter folder to replace
+    with pytest.raises(ConfigError, match="trained weights"):  # trained weights need overwrite
+        save_drafter(drafter.model, tmp_path / "d")
     assert load_drafter(tmp_path / "d", target).config.draft_vocab_size == 128
 
 

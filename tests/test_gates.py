@@ -417,6 +417,28 @@ def garbage_gguf(base, s):
     return {"env": {"BLOCKDRAFT_LLAMACPP_DIR": str(s / "no-build")}}
 
 
+def dflash2(edit):
+    """A fresh DFlash 2 drafter (rank-8 selector) in s/d2b, `edit(folder)` applied."""
+    def setup(base, s):
+        assert main(["init-drafter", "--target", str(base / "target"), "--block-size", "4", "--dtype", "fp32",
+                     "--arch", "dflash2", "--selector-rank", "8", "--out", str(s / "d2b")]) == 0
+        edit(s / "d2b")
+        return {}
+    return setup
+
+
+def causal_string(folder):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "is_causal": "false"}))
+
+
+def int_codebook(folder):
+    state = load_file(str(folder / "model.safetensors"))
+    key = "candidate_selector.successor_codebook"
+    state[key] = state[key].round().to(torch.int32)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 LONG = "a" * 300
 RECIPE = ["train", "--config", "{base}/recipe.json"]
 FC = RECIPE + ["out_dir={s}/fcrun", "features=cached", "cache_topk=0", "max_steps=1"]
@@ -485,6 +507,12 @@ CASES = [
      ["step -5"]),
     ("curves-metrics-corrupt", run_copy(corrupt_metrics), ["curves", "{s}/run", "--out", "{s}/c.png"],
      ["metrics.jsonl line 1", "not valid JSON"]),
+    ("benchtrain-objective-bad", nothing, ["bench-train", "--target", T, "--data", "{base}/data.jsonl",
+                                           "--objectives", "nope"], ["--objectives", "nope"]),
+    ("recipe-target_layer_ids-[]", nothing, RECIPE + ["out_dir={s}/x", "target_layer_ids=[]"],
+     ["target_layer_ids", "empty"]),
+    ("d2-is-causal-str", dflash2(causal_string), GEN + ["--drafter", "{s}/d2b"], ["is_causal", "'false'"]),
+    ("d2-codebook-int", dflash2(int_codebook), GEN + ["--drafter", "{s}/d2b"], ["successor_codebook", "int32"]),
     # 4. inputs known before the work starts
     ("bench-lc-00", no_build, BENCH + ["--method", "ar", "--method", "llamacpp"], ["llamacpp", "engines build"]),
     ("bench-lc-01", no_build, BENCH + ["--method", "ar", "--method", "llamacpp,gguf=q4_k_m"], ["llamacpp"]),

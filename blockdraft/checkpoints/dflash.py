@@ -161,10 +161,14 @@ def load_drafter_model(path: str | Path, *, dtype: torch.dtype | None = None,
                           f"{'...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
                           f"{'...' if len(unexpected) > 6 else ''}")
     check_selector_vocabulary(model, state, weights)
+    own = model.state_dict()
     for key, tensor in state.items():
-        want = model.state_dict()[key].shape
+        want = own[key].shape
         if tensor.shape != want:
             raise ConfigError(f"{weights}: tensor {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(want)}")
+        if own[key].is_floating_point() and not tensor.is_floating_point():  # would be cast silently
+            raise ConfigError(f"{weights}: tensor {key} is stored as {tensor.dtype}, not as floating-point weights: "
+                              "the checkpoint is corrupt or hand-edited; re-save or re-download it")
     model.load_state_dict(state, strict=False)
     return model.to(device=device, dtype=dtype).eval()
 

@@ -17,6 +17,7 @@ from ..eval.engine import engine_overhead, format_engine_overhead
 from ..eval.train_speed import bench_train
 from ..eval.verify_cost import format_table, verify_cost_table
 from ..files import check_location, check_out_file
+from ..losses import LOSSES
 from ..target import native_bf16, pick_device
 from .common import deadline, input_folder, method_paths, set_threads, tree_budget_arg
 
@@ -90,6 +91,9 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
     set_threads(args.threads)
+    unknown = [name for name in args.objectives if name not in LOSSES]
+    if unknown:  # refused before the target loads (was the loss table's ValueError traceback)
+        raise ConfigError(f"--objectives: unknown objective(s) {unknown}; valid names: {', '.join(sorted(LOSSES))}")
     report = bench_train(args.target, data=args.data, objectives=args.objectives, layers=args.layers,
                          block_size=args.block_size, num_anchors=args.num_anchors, seq_len=args.seq_len,
                          draft_vocab_size=args.draft_vocab_size, repeats=args.repeats, dtype=args.dtype,

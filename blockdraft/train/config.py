@@ -137,6 +137,9 @@ class TrainConfig:
                       domino_anneal_ratio=None) -> None:
         check_field_types(self)
         if self.target_layer_ids is not None:
+            if not self.target_layer_ids:  # was silently the default while train_config.json recorded []
+                raise ConfigError("target_layer_ids is empty: list the target layers the drafter reads, or leave the "
+                                  "field out (null) for the default spacing")
             if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
                 raise ConfigError(f"target_layer_ids has repeated ids {list(self.target_layer_ids)}; give distinct ids")
             object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
