@@ -649,3 +649,22 @@ def test_the_reader_gate_refuses_devices_fifos_sizes_nesting_and_numbers(tmp_pat
             files.parse_json(text, what="x")
     assert files.parse_json('{"a": [[1]], "b": 9223372036854775807}', what="x") == {"a": [[1]],
                                                                                      "b": 2 ** 63 - 1}
+
+
+def test_bench_without_sentencepiece_stops_before_the_first_prompt(base, tmp_path, monkeypatch, capsys):
+    """bench --method llamacpp:dflash=... where the converter's sentencepiece is missing: it exited 0 having
+    measured only the other methods. Any start-up failure of a llama.cpp method now stops the bench first."""
+    from blockdraft.engines.llamacpp import EngineError
+    from blockdraft.eval import llamacpp_runner
+
+    def start(self):
+        raise EngineError("llama.cpp's converter imports sentencepiece for Qwen-family tokenizers: "
+                          "pip install sentencepiece")
+
+    monkeypatch.setattr(llamacpp_runner.LlamaCppRunner, "start", start)
+    code = main(["bench", "--target", str(base / "target"), "--method", "ar", "--method",
+                 f"llamacpp:dflash={base / 'drafter'}", "--dataset", f"humaneval={base / 'he.jsonl'}", "--n", "1",
+                 "--max-new-tokens", "4", "--dtype", "fp32", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and "sentencepiece" in err and "nothing was measured" in err
+    assert not (tmp_path / "b" / "results.json").exists()
