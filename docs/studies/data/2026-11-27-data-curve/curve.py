@@ -1,11 +1,13 @@
 """The data curve's phases, in one process (run.sh execs it, so the job's PID is this process: SIGSTOP /
 SIGCONT of that PID pause and resume all of the work; nothing here reads a wall-clock deadline).
 
-    python curve.py S all SIZES...      for each N: cache N, train N, score N; then score the shipped drafter
+    python curve.py S all SIZES...      for each N: cache N (unless a larger size is cached), train N, score N;
+                                        then score the shipped drafter
     python curve.py S cache N | train N | score N | score shipped
 
 S holds recipe.json, split.json, features/ (one cache, grown in the split's order), runs/nN/ and the results:
-    stages.jsonl   one row per finished stage: wall and CPU seconds (wall includes any pause), max RSS
+    stages.jsonl   one row per finished stage invocation (a stage resumed after a kill has one per process):
+                   wall and CPU seconds (wall includes any pause), max RSS
     score-N.json   held-out counts per conversation of runs/nN/final (+ expected tau with a 95% bootstrap
                    interval over conversations); score-shipped.json the same for the shipped drafter
 Each phase is skipped when its marker exists and otherwise resumes: the cache from its index, training from
@@ -194,7 +196,8 @@ def main(argv: list[str]) -> int:
     if phase == "all":
         sizes = [int(n) for n in rest]
         for n in sizes:
-            cache(S, n)
+            if not any(int(m.stem.split("-")[1]) >= n for m in S.glob("cache-*.done")):
+                cache(S, n)  # a smaller size reads the first rows of a larger size's cache: no pass
             train(S, n)
             score(S, str(n), n)
             score(S, "shipped", sizes[0])

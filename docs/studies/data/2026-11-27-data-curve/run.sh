@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 36: the data curve. The 0.5B target, teacher-forced labels on ShareGPT's own answers, the shipped
 # drafter's architecture (recipes/cpu-qwen2.5-coder-0.5b-distill.json with the shipped MLP width 2432), trained
-# on 400 / 1,600 / 6,400 conversations of one fixed split, held-out tau on the same HELDOUT conversations.
+# on 100 / 200 / 400 / 1,600 / 6,400 conversations of one fixed split (the small sizes read the 400 cache), held-out
+# tau on the same HELDOUT conversations.
 #
 #   run.sh [all]          setup, then for each N of SIZES: cache N, train N, score N (each skipped when done,
 #                         each resuming what it left), and the shipped drafter scored on the same held-out set
@@ -16,7 +17,7 @@ S=${S:-$HOME/.cache/blockdraft/studies/data-curve}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=${REPO:-$(git -C "$HERE" rev-parse --show-toplevel)}
 export HELDOUT=${HELDOUT:-200} STEPS_PER_CONVERSATION=${STEPS_PER_CONVERSATION:-10}
-SIZES=${SIZES:-"400 1600 6400"}
+SIZES=${SIZES:-"400 100 200 1600 6400"}
 export PYTHONPATH=$S/code OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$S"
 

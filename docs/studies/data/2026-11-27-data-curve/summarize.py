@@ -21,6 +21,16 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def summed(stages: list[dict], name: str) -> dict | None:
+    """A stage's wall and CPU seconds over its invocations (a stage resumed after a kill has several rows)."""
+    mine = [s for s in stages if s["stage"] == name]
+    if not mine:
+        return None
+    return {"stage": name, "invocations": len(mine), "finished": mine[-1]["finished"],
+            "wall_s": round(sum(s["wall_s"] for s in mine), 1), "cpu_s": round(sum(s["cpu_s"] for s in mine), 1),
+            "max_rss_mib": max(s["max_rss_mib"] for s in mine)}
+
+
 def main(argv: list[str]) -> int:
     S = Path(argv[0] if argv else Path.home() / ".cache/blockdraft/studies/data-curve")
     out = Path(argv[1] if len(argv) > 1 else Path(__file__).parent)
@@ -34,7 +44,7 @@ def main(argv: list[str]) -> int:
         size = marker.stem.split("-")[1]
         info = json.loads(marker.read_text())
         shutil.copy(marker, out / marker.name)
-        stage = next((s for s in stages if s["stage"] == f"cache-{size}"), None)
+        stage = summed(stages, f"cache-{size}")
         written = info["tokens"] - previous_tokens  # this stage's tokens (the cache grows from the last size)
         previous_tokens = info["tokens"]
         rates = {"tok_per_s_wall": written / stage["wall_s"], "tok_per_cpu_s": written / stage["cpu_s"]} if stage else {}
@@ -53,7 +63,8 @@ def main(argv: list[str]) -> int:
                   "slot1_accuracy": r["eval"]["per_position_accuracy"][0]} for r in metrics if "eval" in r]
         steps = [r for r in metrics if "loss" in r]
         step_s = [r["step_s"] for r in steps if "step_s" in r]
-        summary["runs"][size] = {"steps_logged": steps[-1]["step"] if steps else 0, "evals": evals,
+        summary["runs"][size] = {"stage": summed(stages, f"train-{size}"),
+                                 "steps_logged": steps[-1]["step"] if steps else 0, "evals": evals,
                                  "mean_step_s": sum(step_s) / len(step_s) if step_s else None,
                                  "final": (run / "final").is_dir()}
     for score in sorted(S.glob("score-*.json")):
