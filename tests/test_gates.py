@@ -408,6 +408,14 @@ def fake_build(marker: str, *, empty_binaries=True):
     return setup
 
 
+def fifo_marker(base, s):
+    """A build folder whose marker is a FIFO (reading it blocked `engines path` and the bench)."""
+    env = fake_build("{}")(base, s)
+    (s / "fakebuild" / ".complete.json").unlink()
+    os.mkfifo(s / "fakebuild" / ".complete.json")
+    return env
+
+
 def no_build(base, s):
     return {"env": {"BLOCKDRAFT_LLAMACPP_DIR": str(s / "no-build")}}
 
@@ -529,6 +537,7 @@ CASES = [
     ("eng-path-env-fake-marker", fake_build(json.dumps({"decode_check": {"passed": True}})),
      ["engines", "path"], ["no verified llama.cpp build"]),
     ("eng-path-env-garbage-marker", fake_build("not json"), ["engines", "path"], ["no verified llama.cpp build"]),
+    ("eng-path-env-fifo-marker", fifo_marker, ["engines", "path"], ["no verified llama.cpp build"]),
     # 5. an earlier output of the same kind replaced without --overwrite
     ("ex-zlab-out-into-trained-d2", trained_d2, ["export", "{base}/drafter", "--for", "zlab", "--out", "{s}/d2"],
      ["trained weights", "--overwrite"]),

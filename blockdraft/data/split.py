@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 
 from ..config import ConfigError
-from ..files import read_text, sibling_lock, write_json_atomic
+from ..files import parse_json, read_text, sibling_lock, write_json_atomic
 from .conversations import Message, TokenizedDataset, load_conversation_records
 
 FORMAT = "blockdraft-split/1"
@@ -84,11 +84,8 @@ def make_split(ids: Sequence[str], conversations: Sequence[Sequence[Message]], *
 
 
 def load_split(path: str | os.PathLike) -> Split:
-    try:
-        raw = json.loads(read_text(path, what="split file"))
-    except json.JSONDecodeError as err:
-        raise SplitError(f"split file {path} is not valid JSON ({err}); restore it — a new split is another held-out "
-                         f"set") from None
+    raw = parse_json(read_text(path, what="split file"), what=f"split file {path} (restore it: a new split is "
+                                                           "another held-out set)")
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise SplitError(f"{path} is not a split file ({FORMAT}); give another split= path")
     split = Split(data=raw["data"], seed=int(raw["seed"]), num_conversations=int(raw["num_conversations"]),

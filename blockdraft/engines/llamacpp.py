@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from ..assets import home
 from ..config import ConfigError
-from ..files import check_free_disk, file_sha256
+from ..files import check_free_disk, file_sha256, read_json
 from .decode_check import CHECK_GGUF, check_decode, check_sentence
 
 VERSION = "11434.0.0"
@@ -127,9 +127,9 @@ class LlamaCppBuild:
 
     def marker(self) -> dict:
         """The build's marker; {} when it is missing or not a JSON object (damaged: the record says nothing)."""
-        try:
-            marker = json.loads((self.release / MARKER).read_text())
-        except (OSError, ValueError):
+        try:  # through the reader gate: a FIFO or a bomb in its place reads as damaged
+            marker = read_json(self.release / MARKER, what="llama.cpp build marker", max_bytes=1 << 20)
+        except ConfigError:
             return {}
         return marker if isinstance(marker, dict) else {}
 

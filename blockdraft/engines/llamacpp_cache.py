@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from ..files import file_sha256, why_not_a_file
+from ..files import file_sha256, read_json, why_not_a_file
 from ..shipped import resolve_drafter
 from . import llamacpp_export
 from .gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
@@ -55,7 +55,7 @@ def draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, d
         sidecar = path.with_name(path.name + ".json")
         if not path.is_file() or not sidecar.is_file():
             raise EngineError(f"{path} (and its .gguf.json from `blockdraft export --for llama.cpp`) must exist")
-        return path, json.loads(sidecar.read_text())
+        return path, read_json(sidecar, what="draft GGUF facts")
     folder = Path(resolve_drafter(drafter))
     key = "|".join([*(file_sha256(folder / name) for name in ("config.json", "model.safetensors")), target_name,
                     str(drop_bias)])

@@ -41,7 +41,7 @@ from ..assets import home, resolve_model
 from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME
 from ..checkpoints.export import load_backbone, reduced_vocabulary
 from ..config import ConfigError
-from ..files import check_out_file
+from ..files import check_out_file, read_json
 from ..shipped import resolve_drafter
 from .gguf_arch import open_gguf
 from .llamacpp import EngineError, engine_root, release_dir, tree_dir
@@ -100,7 +100,9 @@ def _target_tensor(target_dir: Path, names: tuple[str, ...]) -> torch.Tensor:
 
 
 def _check_target(config, target_dir: Path) -> dict:
-    raw = json.loads((target_dir / "config.json").read_text())
+    raw = read_json(target_dir / "config.json", what="target config")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{target_dir / 'config.json'} is not a model config (a JSON object); re-copy the model folder")
     text = {**raw, **raw.get("text_config", {})}
     if text.get("hidden_size") != config.hidden_size or text.get("vocab_size") != config.vocab_size:
         raise ConfigError(f"the drafter (hidden {config.hidden_size}, vocabulary {config.vocab_size}) was not made for "
@@ -230,7 +232,8 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
         check_out_file(path, owned=lambda path: overwrite, what="a file to replace (pass --overwrite)", hint="",
                        protect=[resolve_drafter(drafter_dir), target_dir])
     find_converter()  # before any folder is made
-    model_type = json.loads((target_dir / "config.json").read_text()).get("model_type", "")
+    target_config = read_json(target_dir / "config.json", what="target config")
+    model_type = target_config.get("model_type", "") if isinstance(target_config, dict) else ""
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="blockdraft-llamacpp-", dir=out_file.parent) as work:
         folder = Path(work) / "drafter"
