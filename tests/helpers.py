@@ -164,6 +164,18 @@ def tiny_training_setup(root):
     return root, model
 
 
+def tiny_train_config(setup, out, **changes):
+    """A 6-step fp32 training config on `tiny_training_setup`'s target and data, with `changes` applied."""
+    from blockdraft.train.config import TrainConfig
+
+    root, model = setup
+    fields = dict(target=str(model), data=str(root / "data.jsonl"), out_dir=str(out), max_length=128,
+                  block_size=4, num_layers=1, objective="decay", lr=3e-3, max_steps=6, num_anchors=8,
+                  save_every=2, log_every=1, target_dtype="fp32", autocast_bf16=False, threads=1, seed=3)
+    fields.update(changes)
+    return TrainConfig(**fields)
+
+
 # Module-scoped fixtures shared by the decoding tests (import them by name into a test module).
 @pytest.fixture(scope="module")
 def targets():

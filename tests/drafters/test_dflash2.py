@@ -527,11 +527,10 @@ def test_training_a_dflash2_drafter_with_cached_features_trains_its_selector(tmp
     """The backbone objective + α·selector CE on cached features: the selector (silent at initialisation)
     learns, `topk_recall` and the selector CE are logged, and the checkpoint loads as DFlash 2."""
     from blockdraft.train.loop import train
-    from helpers import tiny_training_setup
-    from test_train import make_config
+    from helpers import tiny_train_config, tiny_training_setup
 
     setup = tiny_training_setup(tmp_path)
-    saved_run = train(make_config(setup, tmp_path / "run", max_steps=4, features="cached", arch="dflash2",
+    saved_run = train(tiny_train_config(setup, tmp_path / "run", max_steps=4, features="cached", arch="dflash2",
                                   selector_rank=8, selector_top_k=8, selector_alpha=1.0, selector_ramp_steps=2))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     logged = [row["terms"] for row in rows if "terms" in row]

@@ -1,7 +1,7 @@
 """DSpark: a DFlash backbone + Markov head + confidence head, composed (DSpark, Cheng et al.).
 
 Decoding must stay lossless with every head on (greedy equality in float32, the sampling
-chi-square test of tests/test_decode_sampling.py), pruning must shorten proposals, heads must
+chi-square test of tests/decode/test_decode_sampling.py), pruning must shorten proposals, heads must
 round-trip through checkpoints, and released DSpark checkpoints must import.
 """
 

@@ -2,7 +2,7 @@
 
 The maths is pinned by hand (prior with smoothing, Markov variant, bias-free GRU, fusion formula);
 decoding must stay lossless with fusion on (greedy equality in float32, the chi-square test of
-tests/test_decode_sampling.py); teacher forcing must equal the drafting loop; training must lower the
+tests/decode/test_decode_sampling.py); teacher forcing must equal the drafting loop; training must lower the
 loss; heads must round-trip through checkpoints; bad input must get a clear ConfigError.
 """
 

@@ -5,7 +5,7 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "blockdraft"
+PACKAGE = Path(__file__).resolve().parents[2] / "blockdraft"
 
 
 def module_name(path: Path) -> str:

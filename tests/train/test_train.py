@@ -15,7 +15,7 @@ from blockdraft.train.checkpoint import TrainingError
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train
 
-from helpers import tiny_training_setup
+from helpers import tiny_train_config as make_config, tiny_training_setup
 
 OBJECTIVES = ["uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuation", "dpace_target", "accept_rate",
               "topk_mask", "dpakl", "l2r", "auf", "auf_decay"]
@@ -24,15 +24,6 @@ OBJECTIVES = ["uniform", "decay", "dpace", "dpace_cumulative", "dpace_continuati
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     return tiny_training_setup(tmp_path_factory.mktemp("train"))
-
-
-def make_config(setup, out, **changes):
-    root, model = setup
-    fields = dict(target=str(model), data=str(root / "data.jsonl"), out_dir=str(out), max_length=128,
-                  block_size=4, num_layers=1, objective="decay", lr=3e-3, max_steps=6, num_anchors=8,
-                  save_every=2, log_every=1, target_dtype="fp32", autocast_bf16=False, threads=1, seed=3)
-    fields.update(changes)
-    return TrainConfig(**fields)
 
 
 def weights(folder):
@@ -226,7 +217,7 @@ def test_shipped_recipes_are_valid_configs():
 
     from blockdraft.train.heads import HEAD_OBJECTIVES
 
-    recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.json"))
+    recipes = sorted((Path(__file__).parents[2] / "recipes").glob("*.json"))
     assert recipes
     for recipe in recipes:
         config = TrainConfig.load(recipe)
