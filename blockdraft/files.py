@@ -179,6 +179,22 @@ def _depth_within(value: Any, limit: int) -> bool:
     return True
 
 
+def loads(data: str | bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads` with the gate's bounds (nesting, 64-bit integers), failing as `json.loads` fails (a
+    `json.JSONDecodeError`), for readers of JSONL lines that name the file and line themselves."""
+    text = data if isinstance(data, str) else data.decode("utf-8", errors="replace")
+    too_deep = json.JSONDecodeError(f"nested deeper than {max_depth} levels", text, 0)
+    try:
+        value = json.loads(data, parse_int=_bounded_int)
+    except _NumberTooLarge as err:
+        raise json.JSONDecodeError(f"the number {short_path(str(err), 24)} is beyond 64 bits", text, 0) from None
+    except RecursionError:
+        raise too_deep from None
+    if not _depth_within(value, max_depth):
+        raise too_deep
+    return value
+
+
 def parse_json(data: str | bytes, *, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """JSON text with bounded nesting and integers (`MAX_JSON_DEPTH`, 64-bit), as named ConfigErrors: a
     file nested 100,000 deep or a 2^70 seed is refused here, not as a RecursionError or an overflow later."""

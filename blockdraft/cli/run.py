@@ -13,7 +13,7 @@ from ..config import ConfigError
 from ..data.chat import chat_ids, has_chat_template
 from ..demo import run_demo
 from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
-from ..files import read_text
+from ..files import loads, read_text
 from ..quickstart import run_quickstart
 from ..targets import load_target
 from .common import set_threads, setup_torch, tree_budget_arg
@@ -120,7 +120,7 @@ def read_batch_file(path: str, args: argparse.Namespace) -> list[tuple[str, str]
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError:
             raise ConfigError(f"--batch-file {path} line {number} is not JSON; write one {{\"prompt\": ...}} per line")
         if isinstance(row, str):

@@ -32,7 +32,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..config import ConfigError
-from ..files import read_text, why_not_a_file
+from ..files import loads, read_text, why_not_a_file
 from .anchors import valid_anchor_positions
 from .chat import chat_text
 
@@ -105,7 +105,7 @@ def _jsonl_records(text: str, path: Path) -> Iterator[tuple[str, object]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads(line)
         except json.JSONDecodeError as err:
             if number == len(lines):  # no newline after it: the last row of a killed writer
                 print(f"conversations: {path} line {number} is cut off; skipping it", file=sys.stderr)
@@ -134,6 +134,9 @@ def _array_records(text: str, path: Path) -> Iterator[tuple[str, object]]:
         counted_to = position
         try:
             record, position = decoder.raw_decode(text, position)
+        except RecursionError:
+            raise ConversationError(f"{path} line {line}: the record is nested deeper than a conversation can be; "
+                                    "fix or delete that record") from None
         except json.JSONDecodeError as err:
             if truncated:
                 print(f"conversations: {path} is cut off in the record at line {line}; using the records before it",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .. import assets  # looked up at call time, so a test can stand in for a fetched asset
-from ..files import read_text, why_not_a_file
+from ..files import loads, read_text, why_not_a_file
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
@@ -135,7 +135,10 @@ def read_rows(path: str | Path) -> list[dict]:
         raise PromptError(f"{path} {why_not_a_file(path)}; pass a JSONL file or a datasets.save_to_disk folder")
     text = read_text(path, what="prompt file")
     if path.name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = loads(text)
+        except json.JSONDecodeError as err:
+            raise PromptError(f"{path} is not JSON ({err.msg})") from None
     else:
         rows = []
         # JSONL rows end at "\n" only: str.splitlines would also split at U+2028/U+2029/U+0085, which
@@ -143,7 +146,7 @@ def read_rows(path: str | Path) -> list[dict]:
         for number, line in enumerate(text.split("\n"), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(loads(line))
                 except json.JSONDecodeError as err:
                     raise PromptError(f"{path} line {number} is not JSON ({err.msg})") from None
     if not all(isinstance(row, dict) for row in rows):
@@ -223,6 +226,9 @@ def iter_json_array(text: str) -> Iterator[dict]:
             return
         try:
             record, position = decoder.raw_decode(text, position)
+        except RecursionError:
+            raise PromptError("a record of the JSON array is nested deeper than a prompt can be; fix or delete "
+                              "it") from None
         except json.JSONDecodeError:
             return  # the truncated tail: everything before it was complete
         yield record

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..assets import AssetError, resolve_model
 from ..config import ConfigError
-from ..files import check_input_folder, check_out_file, check_writable, named_disk_errors, sibling_lock
+from ..files import check_input_folder, loads, check_out_file, check_writable, named_disk_errors, sibling_lock
 from .chat import chat_text
 from .prompts import SHIPPED, Prompt, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
@@ -75,7 +75,7 @@ def is_regen_output(path: Path) -> bool:
         if not line.endswith(b"\n"):  # only the last line can lack its newline: a row being written when killed
             return number == len(lines) - 1 and line.startswith(_ROW_START)
         try:
-            if not _is_row(json.loads(line)):
+            if not _is_row(loads(line)):
                 return False
         except ValueError:
             return False

@@ -22,7 +22,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..decode.tree import TreeBuilder
-from ..files import read_text, why_not_a_file
+from ..files import loads, read_text, why_not_a_file
 from ..decode.proposal import Proposal
 
 MAX_NGRAM = 16
@@ -82,7 +82,7 @@ class CorpusIndex:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = loads(line)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"lookup corpus {path} is not JSONL: line {number}: {err.msg}") from None
             for document in _documents(row, tokenizer, f"{path} line {number}"):

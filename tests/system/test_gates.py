@@ -425,6 +425,17 @@ def garbage_gguf(base, s):
     return {"env": {"BLOCKDRAFT_LLAMACPP_DIR": str(s / "no-build")}}
 
 
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def deep_line(name, first=""):
+    """`name` in the sandbox: `first` (a good row, if given), then a line nested 100,000 deep."""
+    def setup(base, s):
+        (s / name).write_text(first + DEEP + "\n")
+        return {}
+    return setup
+
+
 def dflash2(edit):
     """A fresh DFlash 2 drafter (rank-8 selector) in s/d2b, `edit(folder)` applied."""
     def setup(base, s):
@@ -521,6 +532,18 @@ CASES = [
      ["target_layer_ids", "empty"]),
     ("d2-is-causal-str", dflash2(causal_string), GEN + ["--drafter", "{s}/d2b"], ["is_causal", "'false'"]),
     ("d2-codebook-int", dflash2(int_codebook), GEN + ["--drafter", "{s}/d2b"], ["successor_codebook", "int32"]),
+    # the same class, new inputs: a JSONL line or a JSON array nested 100,000 deep in every line reader
+    ("deep-batch-file", deep_line("p.jsonl"), ["generate", "--target", T, "--batch-file", "{s}/p.jsonl"],
+     ["p.jsonl", "line 1"]),
+    ("deep-lookup-corpus", deep_line("c.jsonl"), GEN + ["--lookup", "--lookup-corpus", "{s}/c.jsonl"],
+     ["c.jsonl", "nested deeper"]),
+    ("deep-train-data", deep_line("d.jsonl"), RECIPE + ["out_dir={s}/x", "data={s}/d.jsonl"], ["d.jsonl"]),
+    ("deep-train-data-array", deep_line("d.json", "[" + json.dumps({"conversations": []}) + ", "),
+     RECIPE + ["out_dir={s}/x", "data={s}/d.json"], ["d.json", "nested deeper"]),
+    ("deep-bench-dataset", deep_line("he.jsonl"), ["bench", "--target", T, "--method", "ar", "--dataset",
+                                                   "humaneval={s}/he.jsonl", "--out", "{s}/b"], ["he.jsonl"]),
+    ("deep-regen-out", deep_line("r.jsonl"), ["regen", "--target", T, "--prompts", "{base}/prompts.jsonl", "--n", "1",
+                                              "--out", "{s}/r.jsonl"], ["not a regen output"]),
     # 4. inputs known before the work starts
     ("bench-lc-00", no_build, BENCH + ["--method", "ar", "--method", "llamacpp"], ["llamacpp", "engines build"]),
     ("bench-lc-01", no_build, BENCH + ["--method", "ar", "--method", "llamacpp,gguf=q4_k_m"], ["llamacpp"]),
