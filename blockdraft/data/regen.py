@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..assets import AssetError, resolve_model
 from ..config import ConfigError
-from ..files import check_input_folder, loads, check_out_file, check_writable, named_disk_errors, sibling_lock
+from ..files import check_input_folder, check_out_file, check_writable, loads, named_disk_errors, sibling_lock
 from .chat import chat_text
 from .prompts import SHIPPED, Prompt, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
