@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -128,6 +129,18 @@ def load_train_state(folder: Path, config: TrainConfig) -> dict:
         raise ConfigError(f"{path} holds step {state['step']!r}, not a step count >= 0 (or a resume_key that is not "
                           f"a mapping); the checkpoint is corrupt: delete {folder} and point latest.json at an "
                           "earlier one, or start a new out_dir")
+    optimizer = state["optimizer"]
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list)
+            and all(isinstance(group, dict) and isinstance(group.get("params"), list)
+                    for group in optimizer["param_groups"])):
+        raise ConfigError(f"{path} holds an optimizer state that is not AdamW's (a mapping of state and "
+                          f"param_groups); the checkpoint is corrupt: delete {folder} and point latest.json at an "
+                          "earlier one, or start a new out_dir")
+    named = re.fullmatch(r"step_(\d+)", folder.name)
+    if named and int(named.group(1)) != state["step"]:  # save_checkpoint writes step N into step_N only
+        raise ConfigError(f"{path} holds step {state['step']} but lies in {folder.name}; the checkpoint is corrupt: "
+                          f"delete {folder} and point latest.json at an earlier one, or start a new out_dir")
     theirs, ours = state["resume_key"], config.resume_key()
     differing = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
     if differing:

@@ -92,6 +92,19 @@ def corrupt_train_state(base, sandbox):
     return {}
 
 
+def train_state(state):
+    """A run whose latest checkpoint (step_000001) holds `state` as its train_state.pt (plain containers), with
+    the recipe's own resume_key, so only what `state` breaks stands in the way."""
+    def setup(base, sandbox):
+        from blockdraft.train.config import TrainConfig
+
+        corrupt_train_state(base, sandbox)
+        key = TrainConfig.load(base / "recipe.json").resume_key()
+        torch.save({**state, "resume_key": key}, sandbox / "run" / "checkpoints" / "step_000001" / "train_state.pt")
+        return {}
+    return setup
+
+
 def victim(base, sandbox):
     _victim(sandbox)
     (sandbox / "notes.txt").write_text("mine")
@@ -263,6 +276,13 @@ CASES = [
      ["file"]),
     ("train-corrupt-latest", corrupt_latest, TRAIN + ["--resume"], ["latest.json"]),
     ("train-corrupt-state", corrupt_train_state, TRAIN + ["--resume"], ["train_state.pt"]),
+    # a resume state whose optimizer is no AdamW state (a TypeError traceback), or whose step is not its folder's
+    # (step 2^70 or 50 in step_000001 resumed as if that many steps were done, exit 0)
+    ("train-state-optimizer-list", train_state({"step": 1, "optimizer": [1, 2, 3], "resume_key": {}}),
+     TRAIN + ["--resume"], ["optimizer state", "train_state.pt"]),
+    ("train-state-step-not-its-folder", train_state({"step": 2**70, "optimizer": {"state": {}, "param_groups": []},
+                                                     "resume_key": {}}), TRAIN + ["--resume"],
+     ["holds step 1180591620717411303424", "lies in step_000001"]),
     ("train-truncated-cache", no_setup, TRAIN + ["features=cached", "feature_cache={base}/cached-run/features"],
      ["truncated"]),
     ("train-lr-word", no_setup, TRAIN + ["lr=abc"], ["lr"]),
