@@ -301,6 +301,15 @@ def read_json_lines(path: str | Path, *, what: str = "JSONL file") -> list[Any]:
     return rows
 
 
+def _resolved(path: Path, flag: str) -> Path:
+    """`path.resolve()`, with a symbolic link that loops (pathlib's RuntimeError, ELOOP) a named error."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"{flag} {short_path(path)} cannot be followed ({err}): a symbolic link on the way loops "
+                          "back on itself; remove the link or give another path") from None
+
+
 def _is_within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
@@ -317,7 +326,7 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
         if parent.exists() and not parent.is_dir():
             raise ConfigError(f"{flag} {path} lies under {parent}, which is a file, not a folder; "
                               "give a path inside a folder")
-    resolved = path.resolve()
+    resolved = _resolved(path, flag)
     if replaced and _is_within(Path.cwd().resolve(), resolved):
         raise ConfigError(f"{flag} {path} is the current folder or one holding it; writing there would "
                           f"replace what is in it: give a new subfolder, e.g. {flag} runs/out")
@@ -346,7 +355,7 @@ def check_out_file(out: str | Path, *, owned: Callable[[Path], bool], what: str,
     for parent in path.absolute().parents:
         if parent.exists() and not parent.is_dir():
             raise ConfigError(f"{flag} {path} lies under {parent}, which is a file; give a path inside a folder")
-    resolved = path.resolve()
+    resolved = _resolved(path, flag)
     for source in protect:
         if source is None:
             continue

@@ -198,6 +198,11 @@ def sandbox_file(name, content: str):
     return setup
 
 
+def symlink_loop(base, sandbox):
+    (sandbox / "loop").symlink_to(sandbox / "loop")
+    return {}
+
+
 def victim_symlink(base, sandbox):
     (sandbox / "link").symlink_to(_victim(sandbox))
     return {}
@@ -385,6 +390,9 @@ CASES += [
     ("cache-out-in-target", no_setup, CACHE + ["--out", "{target}/features"], ["reads from"]),
     ("cache-out-victim", victim, CACHE + ["--out", "{sandbox}/victim"], ["not empty"]),
     ("cache-out-symlink-victim", victim_symlink, CACHE + ["--out", "{sandbox}/link"], ["not empty"]),
+    # an --out that is a symbolic link to itself: named by the gate (a RuntimeError traceback from pathlib)
+    ("init-out-symlink-loop", symlink_loop, INIT + ["--out", "{sandbox}/loop"], ["loops"]),
+    ("regen-out-symlink-loop", symlink_loop, REGEN + ["--n", "1", "--out", "{sandbox}/loop/r.jsonl"], ["loops"]),
     ("bench-out-target", no_setup, BENCH + ["--method", "ar", "--out", "{target}", "--overwrite"], ["reads from"]),
     ("bench-out-drafter", no_setup, BENCH + ["--method", "dflash:{base}/drafter", "--out", "{base}/drafter",
                                             "--overwrite"], ["reads from"]),
