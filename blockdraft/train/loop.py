@@ -88,8 +88,11 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     out_dir = check_out_dir(config.out_dir, "train-run", overwrite=overwrite, flag="out_dir", replaced=False,
                             protect=inputs[:2])
     if config.features == "cached" and config.feature_cache:  # a second output: the same gate as cache-features'
-        check_out_dir(config.feature_cache, "feature-cache", flag="feature_cache", replaced=False, protect=inputs,
-                      can_overwrite=False)
+        cache = check_out_dir(config.feature_cache, "feature-cache", flag="feature_cache", replaced=False,
+                              protect=inputs, can_overwrite=False)
+        if cache.resolve() == out_dir.resolve():  # the cache's files would sit among the run's
+            raise ConfigError(f"feature_cache {cache} is out_dir {out_dir}: the cache's files would mix "
+                              f"with the run's; give a folder of its own (the default is {out_dir / 'features'})")
     features_deadline = deadline if features_deadline is None else features_deadline
     if not dist_info.is_main:
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,

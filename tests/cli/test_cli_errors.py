@@ -279,6 +279,9 @@ CASES = [
     ("train-threads-negative", no_setup, TRAIN + ["threads=-2"], ["threads"]),
     ("train-out-dir-file", out_dir_file, ["train", "--config", "{base}/recipe.json", "out_dir={sandbox}/notes.txt"],
      ["file"]),
+    # the feature cache in the run folder itself: its files would sit among the run's (exit 0 before)
+    ("train-feature-cache-is-out-dir", no_setup,
+     TRAIN + ["features=cached", "cache_topk=0", "feature_cache={sandbox}/run"], ["is out_dir"]),
     ("train-corrupt-latest", corrupt_latest, TRAIN + ["--resume"], ["latest.json"]),
     ("train-corrupt-state", corrupt_train_state, TRAIN + ["--resume"], ["train_state.pt"]),
     # a resume state whose optimizer is no AdamW state (a TypeError traceback), or whose step is not its folder's
