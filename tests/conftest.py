@@ -3,6 +3,10 @@ import os
 import pytest
 import torch
 
+# tests/ mirrors the package (tests/decode/ tests blockdraft/decode/ ...; cross-cutting suites in tests/system/).
+# Test files in the folders import the shared helpers here (`from helpers import ...`): pytest's default
+# prepend import mode puts this conftest's folder on sys.path, so they need no __init__.py; basenames stay unique.
+
 # Tiny test models are fastest single-threaded (thread spin-up dominates a 64-wide matmul).
 torch.set_num_threads(1)
 

@@ -53,6 +53,7 @@ def test_bad_input_exits_2_with_a_message(model_folder, tmp_path, capsys):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_demo_runs_and_is_lossless(capsys):
     assert main(["demo", "--steps", "30"]) == 0
     assert "lossless: yes" in capsys.readouterr().out

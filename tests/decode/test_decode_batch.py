@@ -96,6 +96,7 @@ def joined_mid_run(results) -> int:
     return sum(1 for first, _ in spans if any(start < first <= last for start, last in spans))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_rows_joining_mid_run_equal_plain_greedy(targets, trained, arch):
     """Continuous batching: at most max_batch rows at once, the next prompt taking a finished row's slot.

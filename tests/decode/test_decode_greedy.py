@@ -33,6 +33,7 @@ def test_random_dflash_is_lossless(targets, arch, block_size):
         assert all(r.proposed <= block_size - 1 for r in result.rounds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
 def test_trained_dflash_is_lossless_and_accepts(targets, trained, arch):
     target, drafter = targets[arch], trained[arch]

@@ -27,6 +27,7 @@ def target():
     return make_target()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["small_ar", "dflash", "small_ar_topk_topp", "dflash_argmax_drafting",
                                   "dflash_reduced_vocab"])
 def test_speculative_sampling_matches_target_distribution(target, case):
@@ -71,6 +72,7 @@ def test_top_k_and_top_p_shape_the_distribution():
     assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
 
 
+@pytest.mark.slow
 def test_verifier_alone_on_a_markov_chain_with_many_draws():
     """The rejection rule in isolation: p and q are bigram tables, so exact laws are cheap."""
     generator = torch.Generator().manual_seed(0)

@@ -185,6 +185,7 @@ def _over_anchor(parents: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------ greedy: lossless
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_dflash_trees_are_lossless(targets, trained, arch):
     target = targets[arch]

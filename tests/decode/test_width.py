@@ -84,6 +84,7 @@ def test_cut_keeps_a_chain_prefix_and_leaves_trees_alone():
     assert first.tokens.tolist() == [5, 6] and first.parents.tolist() == [-1, 0] and first.sources == [1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_measured_proposals_are_lossless_greedy(monkeypatch, targets, trained, arch):
     target = targets[arch]

@@ -289,6 +289,7 @@ def sampled_counts(target, drafter, sampling):
     return counts, deep_rounds, second_verified
 
 
+@pytest.mark.slow
 def test_selector_sampling_at_t1_matches_the_target_distribution(sampling_case):
     """T = 1, two drafted tokens verified in the first round: the first three emitted tokens follow the
     target's exact joint law (chi-square), with q the selector's distribution over its candidates."""
@@ -301,6 +302,7 @@ def test_selector_sampling_at_t1_matches_the_target_distribution(sampling_case):
     assert chi_square_p(counts, exact_joint(target, sampling), DRAWS) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_broken_selector_q_is_rejected(sampling_case, monkeypatch):
     """Verifying the selector's tokens against the backbone's per-slot softmax (the DFlash 1 q) instead of the
     q they were drawn from biases the output: the same test must see it."""

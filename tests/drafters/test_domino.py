@@ -95,6 +95,7 @@ def test_trained_backbone_with_head_accepts_and_stays_lossless(target):
     assert accepted > 0, "some proposals must be accepted, exercising the accept path"
 
 
+@pytest.mark.slow
 def test_sampling_with_domino_head_matches_target_distribution():
     """Sampled drafting hands the verifier q_k = softmax(final_k), so speculative sampling stays exact."""
     small = make_target()

@@ -100,6 +100,7 @@ def test_greedy_with_markov_head_equals_plain_greedy(target, variant, block_size
             assert all(1 <= r.proposed <= block_size - 1 for r in result.rounds[:-1])
 
 
+@pytest.mark.slow
 def test_trained_heads_are_lossless_and_accept(target, trained):
     drafter, _ = trained
     accepted = 0
@@ -222,6 +223,7 @@ def small_target():
     return make_target()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["linear_reduced_vocab", "rnn_topk_topp_pruned", "gated_cost_aware",
                                   "linear_own_confidence"])
 def test_sampling_with_markov_head_matches_target_distribution(small_target, case):

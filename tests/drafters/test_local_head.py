@@ -203,6 +203,7 @@ def small_target():
     return make_target()
 
 
+@pytest.mark.slow
 def test_sampling_with_fusion_matches_target_distribution(small_target):
     """rnn local head, per-position α, a reduced draft vocabulary (q is zero on 3 of the 8 tokens and
     mapped to the target ids) and top-p on both p and q: still exactly target sampling."""

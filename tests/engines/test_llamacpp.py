@@ -393,6 +393,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_a_server_does_not_outlive_the_process_that_started_it(fake_server, how):
@@ -590,6 +591,7 @@ def real_tokenizer_target(root: Path, arch: str = "qwen3", *, layers: int = 2, h
     return model, tokenizer, folder
 
 
+@pytest.mark.slow
 def test_exported_gguf_reads_back_with_dflash_metadata(tmp_path):
     _converter_or_skip()
     from blockdraft.checkpoints import save_drafter

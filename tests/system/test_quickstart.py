@@ -13,6 +13,7 @@ from chat_fixtures import save_tiny_chat_model
 from helpers import write_chat_jsonl
 
 
+@pytest.mark.slow
 def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
     model = save_tiny_chat_model(tmp_path / "tiny", hidden_size=32, num_layers=3)
     words = " ".join(f"w{i}" for i in range(40))
@@ -44,6 +45,7 @@ def test_quickstart_pipeline_on_tiny_models(tmp_path, capsys):
     assert "regenerated conversations" in summary and "Hardware:" in summary
 
 
+@pytest.mark.slow
 def test_quickstart_learns_from_existing_answers_without_regenerating(tmp_path):
     """A conversations file with answers skips regeneration: the drafter trains on the text with the
     target's teacher-forced greedy labels."""

@@ -293,6 +293,7 @@ def test_training_runs_on_the_partial_cache_a_deadline_left_and_a_rerun_extends_
     assert json.loads((tmp_path / "run" / "features" / F.INDEX_FILE).read_text())["complete"]
 
 
+@pytest.mark.slow
 def test_a_cache_grows_in_order_and_serves_its_prefixes(target, tmp_path):
     """A cache is an ordered list of sequences: a longer data set that starts with them extends it (nothing
     recomputed), a shorter one is served from its first rows, a different one is refused."""
@@ -346,6 +347,7 @@ cache_features(target, sequences(count=300), LAYERS, {folder!r}, flush_seconds=0
 """
 
 
+@pytest.mark.slow
 def test_a_pass_killed_with_sigkill_while_growing_resumes_to_the_same_cache(target, tmp_path):
     """kill -9 in the middle of growing a 100-sequence cache to 300: the rerun computes only what was not
     flushed, and every row equals a cache written in one go."""

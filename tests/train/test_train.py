@@ -151,6 +151,7 @@ def _worker(rank, world, port, config_dicts, queue):
             dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_on_the_concatenated_batch(setup, tmp_path):
     single = train(make_config(setup, tmp_path / "one", grad_accum=2, max_steps=3, objective="dpace"))
     config = make_config(setup, tmp_path / "two", grad_accum=1, max_steps=3, objective="dpace").to_dict()
