@@ -203,6 +203,10 @@ def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: 
     if not isinstance(path_or_model, (str, Path)):
         raise ConfigError(f"load_target takes a model folder, an asset name, a PreTrainedModel or a Target, got "
                           f"{path_or_model!r}")
+    if str(path_or_model).lower().endswith(".gguf") and Path(path_or_model).expanduser().is_file():
+        raise ConfigError(f"{path_or_model} is a GGUF file: this command takes a Hugging Face model folder (or an "
+                          "asset name). A GGUF runs as the target of generate, bench, bench-engine and bench-verify "
+                          "(llama.cpp's kernels, docs/llamacpp.md)")
     path = resolve_model_path(path_or_model)
     model = _load_checked(path, dtype=parse_dtype(dtype, device) if dtype else "auto")
     if device is not None:

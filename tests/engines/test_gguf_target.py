@@ -212,6 +212,10 @@ def test_bad_inputs_are_named(setup, tmp_path):
         load_target(setup["root"] / "target-f32.gguf", device="cuda")
     with pytest.raises(ConfigError, match="options of a GGUF target"):
         load_target(setup["hf"].model, threads=2)
+    from blockdraft.target import load_target as load_transformers_target  # init-drafter, train, regen ...
+
+    with pytest.raises(ConfigError, match="is a GGUF file: this command takes a Hugging Face model folder"):
+        load_transformers_target(setup["root"] / "target-f32.gguf")
     gguf = setup["gguf"]
     drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
     with pytest.raises(ConfigError, match="sequence ids"):
