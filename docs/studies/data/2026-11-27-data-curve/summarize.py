@@ -21,6 +21,34 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def paired_vs(S: Path, baseline: str, draws: int = 2000) -> dict:
+    """Each scored size's held-out tau relative to `baseline`'s (tau_a / tau_b - 1) with a 95% bootstrap
+    interval, paired by conversation (the same conversations, anchors and labels for both)."""
+    import random
+
+    def load(name):
+        return {r["conversation"]: r for r in json.loads((S / f"score-{name}.json").read_text())["per_conversation"]}
+
+    if not (S / f"score-{baseline}.json").exists():
+        return {}
+    base, out, rng = load(baseline), {}, random.Random(0)
+    for score in sorted(S.glob("score-*.json")):
+        name = score.stem.split("-", 1)[1]
+        if name == baseline:
+            continue
+        mine = load(name)
+        keys = sorted(set(mine) & set(base))
+
+        def ratio(sample):
+            tau = lambda rows: 1 + sum(r["accepted"] for r in rows) / max(1, sum(r["blocks"] for r in rows))  # noqa: E731
+            return tau([mine[k] for k in sample]) / tau([base[k] for k in sample]) - 1
+
+        ratios = sorted(ratio([rng.choice(keys) for _ in keys]) for _ in range(draws))
+        out[name] = {"relative": ratio(keys), "ci95": [ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]],
+                     "conversations": len(keys)}
+    return out
+
+
 def summed(stages: list[dict], name: str) -> dict | None:
     """A stage's wall and CPU seconds over its invocations (a stage resumed after a kill has several rows)."""
     mine = [s for s in stages if s["stage"] == name]
@@ -34,9 +62,17 @@ def summed(stages: list[dict], name: str) -> dict | None:
 def main(argv: list[str]) -> int:
     S = Path(argv[0] if argv else Path.home() / ".cache/blockdraft/studies/data-curve")
     out = Path(argv[1] if len(argv) > 1 else Path(__file__).parent)
-    for name in ("stages.jsonl", "split.json", "split.sha256", "code.commit", "recipe.json"):
+    for name in ("stages.jsonl", "split.json", "split.sha256", "code.commit", "recipe.json", "plan.json", "rss.log",
+                 "run.log"):
         if (S / name).exists():
             shutil.copy(S / name, out / name)
+    if (S / "job.log").exists():  # the job's own lines, without the progress bars
+        text = (S / "job.log").read_text(errors="replace").replace("\r", "\n").replace("features: probe", "\nfeatures: probe")
+        lines = text.splitlines()
+        keep = ("[curve]", "features: ", "data: ", "split: ", "training ", "draft vocabulary", "cache-features: ", "train:")
+        (out / "job-lines.log").write_text("".join(line + "\n" for line in lines if line.startswith(keep)
+                                                   and "it/s" not in line and "s/it" not in line and "seq/s" not in line
+                                                   and "s/seq" not in line))
     stages = rows(S / "stages.jsonl")
     summary: dict = {"stages": stages, "caches": {}, "runs": {}, "scores": {}}
     previous_tokens = 0
@@ -71,6 +107,7 @@ def main(argv: list[str]) -> int:
         data = json.loads(score.read_text())
         shutil.copy(score, out / score.name)
         summary["scores"][score.stem.split("-", 1)[1]] = {k: v for k, v in data.items() if k != "per_conversation"}
+    summary["vs_shipped"] = paired_vs(S, "shipped")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "stages"}, indent=1))
     return 0
