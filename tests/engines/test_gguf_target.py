@@ -23,6 +23,7 @@ import blockdraft
 from blockdraft.checkpoints import save_drafter
 from blockdraft.config import ConfigError
 from blockdraft.engines.llamacpp import EngineError, find_llamacpp
+import gguf_models
 from gguf_models import write_tiny_gguf
 from helpers import prompts, tiny_target, trained_drafter
 
@@ -57,19 +58,7 @@ def setup(build, tmp_path_factory):
 
 
 def plain_with_gaps(target, prompt):
-    """Plain greedy tokens and, at each, the gap between the top two logits of that step."""
-    tokens, gaps = [], []
-    cache = target.open_cache(())
-    out = target.forward(prompt, 0, cache, logits_to_keep=1)
-    position = prompt.shape[1]
-    for _ in range(NEW_TOKENS):
-        top = out.logits[0, -1].topk(2)
-        tokens.append(int(top.indices[0]))
-        gaps.append(float(top.values[0] - top.values[1]))
-        out = target.forward(torch.tensor([[tokens[-1]]]), position, cache, logits_to_keep=1)
-        position += 1
-    cache.close()
-    return tokens, gaps
+    return gguf_models.plain_with_gaps(target, prompt, NEW_TOKENS)
 
 
 def assert_plain(result_tokens, plain) -> int:

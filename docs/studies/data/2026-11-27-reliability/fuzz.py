@@ -68,18 +68,9 @@ def sabotage() -> None:
 
 def plain_gaps(target, prompt, new_tokens):
     """Plain greedy tokens of a target (one-token steps) and each step's top-2 logit gap."""
-    tokens, gaps = [], []
-    cache = target.open_cache(())
-    out = target.forward(prompt, 0, cache, logits_to_keep=1)
-    position = prompt.shape[1]
-    for _ in range(new_tokens):
-        top = out.logits[0, -1].topk(2)
-        tokens.append(int(top.indices[0]))
-        gaps.append(float(top.values[0] - top.values[1]))
-        out = target.forward(torch.tensor([[tokens[-1]]]), position, cache, logits_to_keep=1)
-        position += 1
-    cache.close()
-    return tokens, gaps
+    from gguf_models import plain_with_gaps  # tests/ is on sys.path (above)
+
+    return plain_with_gaps(target, prompt, new_tokens)
 
 
 def make_prompts(rng, vocab, count):
