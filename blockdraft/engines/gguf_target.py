@@ -296,26 +296,27 @@ class GGUFCache:
     def run_rows(self, rows: list[tuple[list[int], int, list[list[int]]]], wanted: list[Sequence[int]],
                  layer_ids: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Each row (tokens, start position, per-token sequence lists; positions from `depths` when the row
-        gives them as a 4th item) in as few decodes as n_batch allows; returns logits (R, n_max, V) at the
-        `wanted` slots of each row (zero elsewhere) and features (R, n_max, F) or None."""
+        gives them as a 4th item) in as few decodes as n_batch allows; returns logits (R, w, V) of the `wanted`
+        slots of each row in their order (w the most wanted; zero past a row's own: a prefill keeps one position,
+        not the prompt's (S, V)) and features (R, n_max, F) or None."""
         target = self.target
         width = max(len(tokens) for tokens, *_ in rows)
-        logits = torch.zeros((len(rows), width, target.vocab_size), dtype=torch.float32)
+        column = [{slot: j for j, slot in enumerate(want)} for want in wanted]  # slot -> its logits column
+        logits = torch.zeros((len(rows), max(len(c) for c in column), target.vocab_size), dtype=torch.float32)
         features = (torch.zeros((len(rows), width, len(layer_ids) * target.hidden_size), dtype=torch.float32)
                     if layer_ids else None)
         entries = []  # (row, slot, token, position, sequences, want)
         for r, row in enumerate(rows):
             tokens, start, sequences = row[0], row[1], row[2]
             depths = row[3] if len(row) > 3 else range(len(tokens))
-            wanted_here = set(wanted[r])
-            entries += [(r, slot, token, start + depth, seqs, slot in wanted_here)
+            entries += [(r, slot, token, start + depth, seqs, slot in column[r])
                         for slot, (token, depth, seqs) in enumerate(zip(tokens, depths, sequences))]
         step = target.engine.n_batch
         for begin in range(0, len(entries), step):
             chunk = entries[begin:begin + step]
             out, feats = target.run([e[2] for e in chunk], [e[3] for e in chunk], [e[4] for e in chunk],
                                     [e[5] for e in chunk], layer_ids)
-            asked = [(e[0], e[1]) for e in chunk if e[5]]
+            asked = [(e[0], column[e[0]][e[1]]) for e in chunk if e[5]]
             if asked:
                 index = torch.tensor(asked)
                 logits[index[:, 0], index[:, 1]] = torch.from_numpy(out)
@@ -340,9 +341,8 @@ class GGUFCache:
             tokens = prompt[0].tolist()
             chains.append((tokens, 0, [[seq]] * len(tokens)))
         logits, features = self.run_rows(chains, [[len(t) - 1] for t, *_ in chains], self.layer_ids)
-        last = torch.tensor([len(t) - 1 for t, *_ in chains])
         self.rows = self.rows + list(rows)
-        return (logits[torch.arange(len(rows)), last],
+        return (logits[:, 0],
                 [None if features is None else features[i:i + 1, :len(t)] for i, (t, *_) in enumerate(chains)])
 
     def verify(self, anchors: list[torch.Tensor], starts: list[int], proposals: list[Proposal]) -> TargetOutput:
