@@ -3,7 +3,11 @@ SIGCONT of that PID pause and resume all of the work; nothing here reads a wall-
 
     python curve.py S all SIZES...      for each N: cache N (unless a larger size is cached), train N, score N;
                                         then score the shipped drafter
-    python curve.py S cache N | train N | score N | score shipped
+    python curve.py S cache N | train N [field=value...] | score N | score shipped
+    python curve.py S arm NAME N STEPS field=value...
+                                        one arm of the seeds' claims: the recipe with field=value... (e.g.
+                                        objective=decay) trained STEPS steps on the first N conversations
+                                        (cached) into runs/arm-NAME, then scored as score-arm-NAME.json
 
 S holds recipe.json, split.json, features/ (one cache, grown in the split's order), runs/nN/ and the results:
     stages.jsonl   one row per finished stage invocation (a stage resumed after a kill has one per process):
@@ -68,12 +72,18 @@ def cache(S: Path, n: int) -> None:
                                   "disk_bytes": usage}) + "\n")
 
 
-def train(S: Path, n: int) -> None:
-    if (S / "runs" / f"n{n}" / "final").is_dir():
+def run_dir(S: Path, which: str) -> Path:
+    """runs/nN for a curve size, runs/arm-NAME for a claims arm."""
+    return S / "runs" / (which if which.startswith("arm-") else f"n{which}")
+
+
+def train(S: Path, n: int, which: str | None = None, steps: int | None = None, fields: tuple[str, ...] = ()) -> None:
+    which = which or str(n)
+    if (run_dir(S, which) / "final").is_dir():
         return
-    stage(S, f"train-{n}", lambda: cli(["train", "--config", str(S / "recipe.json"), *overrides(S, n),
-                                        f"max_steps={STEPS_PER_CONVERSATION * n}", f"out_dir={S / 'runs' / f'n{n}'}",
-                                        "--resume"]))
+    steps = steps or STEPS_PER_CONVERSATION * n
+    stage(S, f"train-{which}", lambda: cli(["train", "--config", str(S / "recipe.json"), *overrides(S, n), *fields,
+                                            f"max_steps={steps}", f"out_dir={run_dir(S, which)}", "--resume"]))
 
 
 @torch.no_grad()
@@ -118,7 +128,7 @@ def tau_with_interval(rows: list[dict], draws: int = 2000, seed: int = 0) -> dic
 
 
 def score(S: Path, which: str, n: int) -> None:
-    """Held-out counts of runs/n{which}/final (or the shipped drafter) on the split's held-out conversations,
+    """Held-out counts of run_dir(which)/final (or the shipped drafter) on the split's held-out conversations,
     read from the cache of the n-conversation data set (the held-out ones are its first rows, in any n)."""
     out = S / f"score-{which}.json"
     if out.exists():
@@ -134,7 +144,7 @@ def score(S: Path, which: str, n: int) -> None:
 
         config = TrainConfig.load(S / "recipe.json", [*overrides(S, n), "features=cached"])
         target = load_target(config.target, dtype=config.target_dtype, device="cpu")
-        path = SHIPPED if which == "shipped" else S / "runs" / f"n{which}" / "final"
+        path = SHIPPED if which == "shipped" else run_dir(S, which) / "final"
         drafter = DFlashDrafter(load_drafter_model(path, dtype=torch.float32, device="cpu"), target)
         data = TrainingData(config, target, tuple(drafter.target_layer_ids), Distributed.from_env(torch.device("cpu")))
         rows = heldout_counts(drafter.model, drafter, data, config)
@@ -206,13 +216,18 @@ def main(argv: list[str]) -> int:
         plan(S, [int(n) for n in rest])
     elif phase == "cache":
         cache(S, int(rest[0]))
-    elif phase == "train":
+    elif phase == "train":  # N field=value... (fields that do not change what is learnt, e.g. eval_every)
         cache(S, int(rest[0]))
-        train(S, int(rest[0]))
+        train(S, int(rest[0]), fields=tuple(rest[1:]))
+    elif phase == "arm":  # NAME N STEPS field=value...
+        name, n, steps, fields = rest[0], int(rest[1]), int(rest[2]), tuple(rest[3:])
+        cache(S, n)
+        train(S, n, f"arm-{name}", steps, fields)
+        score(S, f"arm-{name}", n)
     elif phase == "score":
         score(S, rest[0], int(rest[1]) if len(rest) > 1 else (int(rest[0]) if rest[0].isdigit() else 1))
     else:
-        raise SystemExit(f"unknown phase {phase!r}: all, cache, train, score")
+        raise SystemExit(f"unknown phase {phase!r}: all, plan, cache, train, arm, score")
     return 0
 
 
