@@ -31,7 +31,10 @@ Options every kind but `ar` takes (one parser, one set of defaults, `OPTIONS`):
   from verify passes timed at load). Default: chains; 32 nodes for `hybrid`, which is always a tree;
 - `proposals=K|measured`: K tokens proposed per round (a small-AR draft and lookup continuations are
   built K long), or `measured`: each round's chains cut to the length with the most expected tokens per
-  second at the current batch size (`decode/width.py`). Default: the drafter's own maximum.
+  second at the current batch size (`decode/width.py`). Default: the drafter's own maximum;
+- `gate=measured`: draft only while drafting pays: each round drafts when the rounds that drafted have
+  committed at least as many tokens per second as the rounds that did not, measured on this machine,
+  with probes while it loses (`drafters/gate.py`). Default: draft every round.
 
 Defaults that depend on other options: `branches` 1 for a chain, 4 in a tree (a hybrid is a tree);
 `ngram` 3, or `min_ngram` when that is longer; `tokens` K of `proposals=K`, else 10; `min_ngram` 1.
@@ -49,6 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .checkpoints import load_drafter
 from .config import ConfigError, Option, choice, parse_options, positive_int, unit_interval
 from .decode.cost import measure_verify_cost
+from .drafters.gate import MeasuredGate
 from .drafters.headed import HeadedDrafter
 from .drafters.lookup import CorpusIndex, LookupDrafter
 from .drafters.pruning import Pruning
@@ -95,13 +99,14 @@ OPTIONS: dict[str, Option] = {
     "heads": Option("on|off", "on or off", choice("on", "off"), "on"),
     "threshold": Option("T", "a number in [0, 1]", unit_interval, 0.0),
     "cost": Option("measured", "measured", choice("measured")),
+    "gate": Option("measured", "measured", choice("measured")),
     "mode": Option("merge|fallback", "merge or fallback", choice("merge", "fallback"), "merge"),
     "branches": Option("B", "a positive integer", positive_int),  # None: 1 for a chain, 4 in a tree
     "ngram": Option("N", "a positive integer", positive_int),  # None: 3, or min_ngram when longer
     "min_ngram": Option("M", "a positive integer (n-gram sizes start at one token)", positive_int, 1),
     "tokens": Option("T", "a positive integer", positive_int),  # None: K of proposals=K, else 10
 }
-COMMON = ("tree", "proposals")  # options every drafter kind takes
+COMMON = ("tree", "proposals", "gate")  # options every drafter kind takes
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,8 @@ def build_drafter(spec: DrafterSpec, context: BuildContext) -> tuple[Any, dict]:
         drafter = as_tree(drafter, tree, context.target, labels=[spec.kind])
         info["tree"] = tree
         info["tree_from"] = "selector" if isinstance(drafter, SelectorTree) else "marginals"
+    if spec.options["gate"] == "measured" and drafter is not None:
+        drafter, info["gate"] = MeasuredGate(drafter), "measured"
     return drafter, info
 
 

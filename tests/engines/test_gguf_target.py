@@ -14,6 +14,7 @@ there these tests fail rather than skip when it is missing.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -99,12 +100,19 @@ def test_plain_decoding_follows_llamacpp_steps(setup):
         assert result.tokens == plain[0]  # the same one-token passes: no tolerance at all
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree4", "tree16", "measured_tree", "measured_chain"])
-def test_dflash_chains_and_trees_are_lossless(setup, shape):
+@pytest.mark.parametrize("shape", ["chain", "tree4", "tree16", "measured_tree", "measured_chain", "gated_tree"])
+def test_dflash_chains_and_trees_are_lossless(setup, shape, monkeypatch):
     gguf = setup["gguf"]
     drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
     options = {"chain": {}, "tree4": dict(tree_budget=4), "tree16": dict(tree_budget=16),
-               "measured_tree": dict(tree_budget="measured"), "measured_chain": dict(num_proposals="measured")}[shape]
+               "measured_tree": dict(tree_budget="measured"), "measured_chain": dict(num_proposals="measured"),
+               "gated_tree": {}}[shape]
+    if shape == "gated_tree":  # gate=measured over a measured DDTree, its decisions a fixed cycle
+        from blockdraft.drafters.gate import GateRule, MeasuredGate
+
+        cycle = itertools.cycle([True, False, True, True, False])
+        monkeypatch.setattr(GateRule, "drafts", lambda self: next(cycle))
+        drafter = MeasuredGate(blockdraft.as_tree(drafter, "measured", gguf))
     results, compared = [], 0
     for prompt, plain in zip(setup["prompts"], setup["plain"]):
         result = blockdraft.generate(gguf, drafter, prompt, max_new_tokens=NEW_TOKENS, stop_token_ids=(), **options)
