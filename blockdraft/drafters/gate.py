@@ -9,7 +9,9 @@ loses to plain decoding however its round is cut. This gate decides before draft
 
 r = tokens committed / wall seconds over the last `WINDOW` rounds of each kind, a round measured from
 one `propose` to the next (drafting, verification and the loop's bookkeeping: what the user's clock
-sees). A round that does not draft proposes nothing, so the target takes its own one-token step. While
+sees). A round that does not draft proposes nothing, so the target takes its own one-token step; a round
+whose drafter was asked but proposed nothing (lookup without a match) counts as such a plain round, so
+lookup is judged by the rounds it actually drafts, not diluted by the many where it finds nothing. While
 drafting loses, every `probe`-th plain round drafts once more, the interval doubling from `PROBE_FIRST`
 to `PROBE_LAST` rounds while the probes keep losing, so text that starts to repeat (lookup's gain) is
 found again; a winning probe brings drafting back at once.
@@ -87,14 +89,20 @@ class _Clock:
         self.last = None  # a prompt (re)starts: its prefill is not a round
 
     def round_starts(self, rows: Sequence[int], ids: Sequence[torch.Tensor]) -> bool:
+        """Measure the round that just ended; whether the coming one drafts."""
         now, lengths = self.clock(), {row: one.shape[1] for row, one in zip(rows, ids)}
         if self.last is not None:
             then, before, drafted = self.last
             if set(lengths) <= set(before):  # no row joined in between
                 self.rule.observe(drafted, sum(lengths[row] - before[row] for row in lengths), now - then)
-        drafted = self.rule.drafts()
-        self.last = (now, lengths, drafted)
-        return drafted
+        self.last = (now, lengths, False)
+        return self.rule.drafts()
+
+    def proposed(self, proposals: Sequence[Proposal]) -> list[Proposal]:
+        """The coming round drafted these: it counts as drafted when any row proposed a token."""
+        if self.last is not None and any(p.tokens.numel() for p in proposals):
+            self.last = (*self.last[:2], True)
+        return list(proposals)
 
 
 class MeasuredGate:
@@ -119,7 +127,7 @@ class MeasuredGate:
                 generator: torch.Generator | None, **kwargs) -> Proposal:
         if not self.rounds.round_starts([0], [ids]):
             return Proposal.empty(ids.device)
-        return self.inner.propose(ids, num_proposals, sampling, generator, **kwargs)
+        return self.rounds.proposed([self.inner.propose(ids, num_proposals, sampling, generator, **kwargs)])[0]
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
         self.inner.commit(length, features)
@@ -147,7 +155,7 @@ class GatedRows:
     def propose(self, rows, ids, budgets, sampling, generators) -> list[Proposal]:
         if not self.rounds.round_starts(rows, ids):
             return [Proposal.empty(one.device) for one in ids]
-        return self.inner.propose(rows, ids, budgets, sampling, generators)
+        return self.rounds.proposed(self.inner.propose(rows, ids, budgets, sampling, generators))
 
     def commit(self, row: int, length: int, features) -> None:
         self.inner.commit(row, length, features)

@@ -301,6 +301,17 @@ class GGUFCache:
         not the prompt's (S, V)) and features (R, n_max, F) or None."""
         target = self.target
         width = max(len(tokens) for tokens, *_ in rows)
+        if (len(rows) == 1 and width <= target.engine.n_batch and list(wanted[0]) == sorted(set(wanted[0]))
+                and all(0 <= slot < width for slot in wanted[0])):
+            # one row in one decode (every plain step): llama.cpp's logits of the wanted slots, in slot order,
+            # are the (1, w, V) answer as they come, with no scatter into a zeroed tensor
+            tokens, start, sequences = rows[0][0], rows[0][1], rows[0][2]
+            depths = rows[0][3] if len(rows[0]) > 3 else range(len(tokens))
+            wanted_slots = set(wanted[0])
+            out, feats = target.run(tokens, [start + depth for depth in depths], sequences,
+                                    [slot in wanted_slots for slot in range(len(tokens))], layer_ids)
+            features = None if feats is None else torch.from_numpy(feats).unsqueeze(0).to(target.dtype)
+            return torch.from_numpy(out).unsqueeze(0), features
         column = [{slot: j for j, slot in enumerate(want)} for want in wanted]  # slot -> its logits column
         logits = torch.zeros((len(rows), max(len(c) for c in column), target.vocab_size), dtype=torch.float32)
         features = (torch.zeros((len(rows), width, len(layer_ids) * target.hidden_size), dtype=torch.float32)

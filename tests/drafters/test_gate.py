@@ -120,3 +120,17 @@ def test_the_spec_option(targets, trained, tmp_path):
         parse_spec("lookup,gate=on")
     with pytest.raises(ConfigError):
         parse_spec("ar,gate=measured")
+
+
+def test_rounds_where_the_drafter_proposes_nothing_count_as_plain(targets):
+    """Lookup asked but finding nothing is a plain round: it neither counts against drafting nor stops the
+    drafter from being asked."""
+    target = targets["qwen3"]
+    gated = MeasuredGate(LookupDrafter(6))
+    prompt = helper_prompts(1, seed=5)[0]
+    result = blockdraft.generate(target, gated, prompt, max_new_tokens=30, stop_token_ids=())
+    drafted = sum(r.proposed > 0 for r in result.rounds)
+    assert len(gated.rule.rounds[True]) == min(drafted, gated.rule.rounds[True].maxlen)
+    assert len(gated.rule.rounds[False]) > 0
+    if drafted < EXPLORE:  # lookup matched too rarely to be judged: it is asked in every round
+        assert gated.rule.decisions[False] == 0
