@@ -22,7 +22,8 @@ from .sanity import check_drafter_target  # noqa: E402
 from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
 from .decode.proposal import Drafter, NoDrafter, Proposal  # noqa: E402
 from .drafters.tree import as_tree  # noqa: E402
-from .target import Target, load_target  # noqa: E402
+from .target import Target  # noqa: E402
+from .targets import load_target  # noqa: E402  (a model folder, an asset name or a GGUF file)
 
 
 def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor | Sequence[int], *,

@@ -46,11 +46,12 @@ def build():
 def setup(build, tmp_path_factory):
     """A tiny Qwen3 target (transformers), its F32 GGUF loaded as a GGUFTarget, a DFlash drafter fitted on the
     transformers target's text and saved, and the prompts with the GGUF's plain greedy continuations."""
-    from blockdraft.targets import load_target
+    from blockdraft.engines.gguf_target import GGUFTarget
 
     root = tmp_path_factory.mktemp("gguf")
     hf = tiny_target("qwen3")
-    gguf = load_target(write_tiny_gguf(hf.model, root / "target-f32.gguf"), threads=1)
+    gguf = blockdraft.load_target(write_tiny_gguf(hf.model, root / "target-f32.gguf"), threads=1)  # the public API
+    assert isinstance(gguf, GGUFTarget)
     drafter_dir = root / "drafter"
     save_drafter(trained_drafter(hf).model, drafter_dir)
     cases = prompts(4, seed=4)
