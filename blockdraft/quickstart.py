@@ -47,146 +47,19 @@ from .eval import metrics as M
 from .eval.bench import BenchConfig, parse_dataset, render_chat, run_bench
 from .eval.methods import build_runners
 from .eval.runner import close_runners
-from .eval.report import MIN_PROMPTS, format_interval, speedup_cautions
 from .files import check_out_dir, write_text_atomic
 from .target import Target, load_target, native_bf16
 from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
 from .train.features import topk_log_probs
 from .train.loop import train
+from .quickstart_plan import (  # noqa: F401 (the budget arithmetic, re-exported)
+    BENCH_PROMPTS, BENCH_TOKENS, BLOCK_SIZE, CHECK_GRACE, CHECK_METHOD_COST, CHECK_MOST, CHECK_SHARE, CHECK_TOKENS,
+    DRAFT_LAYERS, DRAFT_VOCAB, FEATURES_SHARE, FP32_LOAD, FP32_STEP, MAX_LENGTH, NUM_ANCHORS, REPORT_S, SHARES,
+    SLOWER, STEPS_PER_CONVERSATION, TOPK, WARMUP_TOKENS, Plan, Throughput, bench_share, bench_work, check_seconds,
+    check_tokens, train_work)
+from .quickstart_report import RECIPES, better_recipe, lossless_sentence, write_summary  # noqa: F401
 
-RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distill.json",
-           "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
-
-
-# Shares of the budget; each stage gets its share of the time left among the stages still to run, so time
-# a stage does not use goes to the ones after it (`stage_seconds`). Each stops starting new work (a
-# regeneration batch, a cached sequence, a training step, a benchmark prompt) at its deadline, so the job
-# keeps to the budget on a slow or shared machine as on a fast one.
-SHARES = {"regen": 0.30, "train": 0.30, "bench": 0.25}
-CHECK_SHARE = 0.10  # a float32 check run apart from a bf16 benchmark; a float32 benchmark answers it for free
-FEATURES_SHARE = 0.45  # of the training share (with existing answers): the teacher-forced feature pass
-REPORT_S = 30.0  # the summary and the report, after the last stage
-MAX_LENGTH = 768  # tokens per training conversation
-TOPK = 32  # the cached top-k log-probabilities (train.config.DEFAULT_CACHE_TOPK)
-# The drafter the quickstart trains, for its cost per step: one layer, 64 anchors x blocks of 8, an
-# 8,192-token draft vocabulary.
-DRAFT_LAYERS, NUM_ANCHORS, BLOCK_SIZE, DRAFT_VOCAB = 1, 64, 8, 8192
-WARMUP_TOKENS = 16  # eval.bench.WARMUP_TOKENS: every method's warm-up generation
-SLOWER = 1.6  # a method's tokens cost up to this many plain steps each on a CPU (docs/hardware.md)
-BENCH_TOKENS = (32, 128)  # new tokens per benchmark prompt: the fewest worth a speedup, the most worth waiting for
-BENCH_PROMPTS = 10  # the benchmark asks for at most this many; its hard deadline stops before one that would not fit
-# A drafter memorises its data from about 14 steps per training conversation on (docs/studies, data and
-# schedule): the steps the time buys are capped there, so a fast machine does not train past it.
-STEPS_PER_CONVERSATION = 14
-CHECK_TOKENS = (8, 32)  # new tokens the float32 check decodes with each method: the fewest it runs, the most
-FP32_STEP = 2.0  # a float32 step costs about two bf16 steps on a native-bf16 CPU (docs/hardware.md)
-FP32_LOAD = 1.5  # loading the target in float32, against the probe's loading at `auto` precision
-# A method's first float32 run, its building included (a measured tree times verify passes), against plain
-# decoding's run of as many tokens; later methods are predicted from the slowest ratio seen.
-CHECK_METHOD_COST = 3.0
-CHECK_MOST = 0.25  # of the budget: a check that needs more is skipped up front (the benchmark gets its time)
-CHECK_GRACE = 0.05  # of the budget: the trained drafter's check may end this far past the deadline (+10% kept)
-
-
-def bench_share(dtype: str) -> float:
-    """The benchmark's share; in float32 it is also the losslessness check, and takes that share too."""
-    return SHARES["bench"] + (CHECK_SHARE if dtype == "fp32" else 0.0)
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """What a few seconds of the target on this machine say (`probe_throughput`, `remeasure`)."""
-
-    dtype: str  # "bf16" or "fp32": `auto` on this machine (bf16 only where native), for every stage
-    pass_tok_s: float  # a teacher-forced pass (features, logits and top-k) over one sequence, tokens per second
-    step_s: float  # one cached one-token decoding step, seconds
-    step_target_tokens: float  # one drafter training step costs about a pass over this many target tokens
-    load_s: float  # loading the target
-    probe_s: float  # the whole probe, loading included
-
-
-def train_work(seconds: float, speed: Throughput, *, answers: bool) -> tuple[int, int]:
-    """(feature tokens, training steps) that `seconds` of training buy at `speed`. With existing answers the
-    feature pass gets FEATURES_SHARE of them and the steps the rest."""
-    features_s = FEATURES_SHARE * seconds if answers else 0.0
-    step_s = speed.step_target_tokens / speed.pass_tok_s
-    if not answers:  # regeneration made the data; the features of its few conversations come online-cheap
-        step_s *= 1.2
-    return int(features_s * speed.pass_tok_s), int(max(10, (seconds - features_s) / step_s))
-
-
-def bench_work(seconds: float, speed: Throughput, *, methods: int, prompt_tokens: int) -> tuple[int, int]:
-    """(prompts, new tokens per prompt) that `seconds` of benchmark buy: every one of `methods` loads, warms
-    up once, then prefills `prompt_tokens` and decodes per prompt. MIN_PROMPTS prompts first (one prompt
-    measures nothing), then new tokens up to BENCH_TOKENS[1]; at BENCH_TOKENS[0] tokens, as many prompts as
-    fit, at least one."""
-    bench_s = seconds - 2 * speed.load_s  # the target, the small draft, the drafters
-    prefill_s = prompt_tokens / speed.pass_tok_s
-    warm_ups = methods * (prefill_s + WARMUP_TOKENS * SLOWER * speed.step_s)  # once, on the first prompt
-    per_token = methods * SLOWER * speed.step_s  # a new token of every method, one prompt
-    fewest, most = BENCH_TOKENS
-    tokens = (bench_s - warm_ups - MIN_PROMPTS * methods * prefill_s) / (MIN_PROMPTS * per_token)
-    bench_tokens = int(min(most, max(fewest, tokens)))
-    one_prompt = methods * prefill_s + bench_tokens * per_token
-    prompts = int(min(BENCH_PROMPTS, max(1, (bench_s - warm_ups) // max(one_prompt, 1e-9))))
-    return max(1, prompts), bench_tokens
-
-
-def check_seconds(tokens: int, speed: Throughput, prompt_tokens: int, *, methods: int = 1) -> float:
-    """What the separate float32 check costs: load the target in float32, then plain decoding and `methods`
-    methods (the trained drafter's first) each prefill the prompt and decode `tokens` tokens."""
-    run_s = FP32_STEP * (prompt_tokens / speed.pass_tok_s + tokens * speed.step_s)
-    return FP32_LOAD * speed.load_s + run_s * (1 + CHECK_METHOD_COST * methods)
-
-
-def check_tokens(seconds: float, speed: Throughput, prompt_tokens: int) -> int | None:
-    """The most tokens (within CHECK_TOKENS) whose float32 check fits `seconds`; None when not even the fewest."""
-    fewest, most = CHECK_TOKENS
-    for tokens in range(most, fewest - 1, -8):
-        if check_seconds(tokens, speed, prompt_tokens) <= seconds:
-            return tokens
-    return None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How much of each stage a budget buys on this machine (from `Throughput`; docs/hardware.md)."""
-
-    train_conversations: int
-    regen_tokens: int
-    train_steps: int
-    bench_prompts: int
-    bench_tokens: int
-    feature_tokens: int = 0  # tokens the feature pass can cache in its share (0: not sized by a probe)
-
-    @classmethod
-    def for_budget(cls, minutes: float) -> "Plan":
-        """Without a probe: the shape of the work only (its amounts are kept by the stages' deadlines)."""
-        if minutes <= 0:
-            raise ConfigError(f"--budget must be positive minutes, got {minutes}")
-        scale = min(1.0, minutes / 30.0)
-        return cls(train_conversations=max(8, int(64 * scale)), regen_tokens=max(32, int(192 * scale)),
-                   train_steps=max(10, int(400 * scale)), bench_prompts=max(1, int(3 * scale)),
-                   bench_tokens=max(32, int(128 * scale)))
-
-    def steps_for(self, conversations: int) -> int:
-        """The steps to train on `conversations`: what the time buys, at most STEPS_PER_CONVERSATION each."""
-        return min(self.train_steps, max(10, STEPS_PER_CONVERSATION * conversations))
-
-    @classmethod
-    def for_machine(cls, minutes: float, left_s: float, speed: Throughput, *, answers: bool, methods: int,
-                    prompt_tokens: int) -> "Plan":
-        """The work each stage's share of `left_s` seconds buys at the probed `speed` (`train_work`,
-        `bench_work`): the first plan, which each stage sizes again from the time and speed it starts with."""
-        shape = cls.for_budget(minutes)
-        train_s = (SHARES["train"] + (SHARES["regen"] if answers else 0.0)) * left_s
-        feature_tokens, train_steps = train_work(train_s, speed, answers=answers)
-        prompts, tokens = bench_work(bench_share(speed.dtype) * left_s, speed, methods=methods,
-                                     prompt_tokens=prompt_tokens)
-        return cls(train_conversations=shape.train_conversations, regen_tokens=shape.regen_tokens,
-                   train_steps=train_steps, bench_prompts=prompts, bench_tokens=tokens,
-                   feature_tokens=feature_tokens)
 
 
 def _timed_steps(target, ids: torch.Tensor, steps: int) -> float:
@@ -666,111 +539,6 @@ def _rerun_fp32(target_name: str, methods: tuple[str, ...], dataset: str, *, tok
     return {"source": "rerun", "prompts": [prompt.id], "tokens": tokens, "checked": checked, "unchecked": unchecked}
 
 
-def lossless_sentence(lossless: dict) -> str:
-    """What the float32 check covered and found, in one paragraph."""
-    if "checked" not in lossless:  # one method on one prompt: {"prompt", "tokens", "identical"}
-        lossless = {"source": "rerun", "prompts": [lossless["prompt"]], "tokens": lossless["tokens"],
-                    "checked": {lossless.get("method", "dflash"): lossless["identical"]}, "unchecked": []}
-    if lossless["source"] == "skipped":
-        return f"Float32 losslessness check: skipped: {lossless['reason']}."
-    checked, unchecked = lossless["checked"], lossless.get("unchecked", [])
-    different = [label for label, same in checked.items() if not same]
-    where = (f"the benchmark itself ran in float32: every method's output on its {len(lossless['prompts'])} "
-             f"prompt(s) ({lossless['tokens']} new tokens each) against plain greedy decoding's"
-             if lossless["source"] == "benchmark" else
-             f"each method decoded {lossless['prompts'][0]} again in float32 for {lossless['tokens']} tokens and was "
-             f"compared with plain greedy decoding")
-    text = f"Float32 losslessness check ({where}): "
-    if not checked:
-        text += "no method could be checked."
-    elif not different:
-        text += f"identical for all {len(checked)} checked method(s) ({', '.join(f'`{m}`' for m in checked)})."
-    else:
-        text += (f"DIFFERENT for {', '.join(f'`{m}`' for m in different)} (please report this); identical for the "
-                 f"other {len(checked) - len(different)}.")
-    if unchecked:
-        text += f" Not checked (out of time): {', '.join(f'`{m}`' for m in unchecked)}."
-    return text
-
-
-def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, facts: dict | None = None) -> Path:
-    """A plain-language verdict next to the numbers, derived from results.json (and the stages' `facts`)."""
-    facts = facts or {}
-    units = M.units_by_run(results)  # every dataset pooled
-    ar_units = units.get(("ar", None), {})
-    speedups = {run: M.speedup_estimate(ar_units, run_units) for run, run_units in units.items() if run[0] != "ar"}
-    taus = {run: M.tau_estimate(run_units) for run, run_units in units.items()}
-    prompts = len({(r["dataset"], r["prompt_id"]) for r in results["records"]})
-    lines = ["# blockdraft quickstart", "", f"Total time: {elapsed_s / 60:.1f} min. Full report: bench/report.md.", ""]
-    if facts:
-        kind = "regenerated" if facts.get("labels", "regenerated") == "regenerated" else \
-            f"existing ({facts['labels']} labels)"
-        cached = facts.get("cached")
-        partial = (f" (the teacher-forced pass cached {cached[0]} of them before its share of the time ran out; "
-                   f"training used those)" if cached and cached[0] < cached[1] else "")
-        lines += [f"Trained on {facts['conversations']} {kind} conversations{partial} for {facts['steps']} of "
-                  f"{facts['planned_steps']} planned steps; benchmarked on {prompts} prompt(s) in "
-                  f"{results.get('environment', {}).get('dtype', 'n/a')}. Hardware: {facts['hardware']}.", ""]
-    lines += ["| run | tau | speedup vs plain decoding [95% CI] |", "|---|---|---|"]
-    for run in units:
-        tau = taus.get(run)
-        speed = speedups.get(run)
-        speed_text = "1 (baseline)" if run[0] == "ar" else _fmt(speed)
-        lines.append(f"| `{run[0]}` | {'n/a' if tau is None else f'{tau.value:.2f}'} | {speed_text} |")
-    lines.append("")
-    small = [s for run, s in speedups.items() if run[0].startswith("small-ar") and s is not None]
-    recipe = better_recipe(results.get("config", {}).get("target", ""))
-    trained = facts.get("trained_method")
-    records_by_run: dict = {}
-    for record in results["records"]:
-        records_by_run.setdefault(M.run_of(record), []).append(record)
-    for run, speed in speedups.items():
-        tau = taus.get(run)
-        if run[0].startswith(("dflash", "small-ar")) and tau is not None and tau.value <= 1.0:
-            who = "The drafter trained in this quickstart" if run[0] == trained else f"`{run[0]}`"
-            lines.append(f"**{who} accepted nothing**: in every round the target rejected its first proposal "
-                         "(tau 1.00), so each round committed only the target's own token, as plain decoding does."
-                         + (" It needs far more training (see below)." if run[0] == trained else ""))
-        lines += [f"**Caution:** {text}" for text in speedup_cautions(run[0], tau, speed)]
-        lines += _hybrid_notes(run[0], records_by_run.get(run, []), speed)
-        if run[0] == trained and speed is not None and speed.value < 1.0:
-            small_text = f" The small-AR draft reaches {_fmt(small[0])} on the same prompts." if small else ""
-            lines.append(f"**The drafter trained in this quickstart is slower than plain decoding: {_fmt(speed)}.** "
-                         f"A drafter trained for minutes on a CPU has seen a few thousand examples and needs far more."
-                         f"{small_text} Train a better one with `blockdraft train --config {recipe}` "
-                         f"(docs/studies/README.md).")
-    lines.append("")
-    lines.append(lossless_sentence(lossless))
-    session = (results.get("sessions") or [{}])[-1]
-    cuts = [*(session.get("verify_cost") or []), *(session.get("cut") or [])]
-    if cuts:  # what the benchmark's share of the budget did not cover, setup included (bench/report.md too)
-        lines += ["", "Short of time, the benchmark cut: " + "; ".join(cuts) + "."]
-    if facts.get("stage_minutes"):
-        lines += ["", "Stage times: " + ", ".join(f"{name} {minutes:.1f} min"
-                                                  for name, minutes in facts["stage_minutes"].items()) + "."]
-    path = out / "QUICKSTART.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return path
-
-
-def _hybrid_notes(method: str, records: list[dict], speed) -> list[str]:
-    """A hybrid whose drafter part accepted nothing runs at lookup's speed (less the rounds spent asking
-    the drafter), whatever its name says."""
-    if not method.startswith("hybrid:") or "lookup" not in method:
-        return []
-    summary = M.tree_summary(records)
-    if summary is None or not summary.source_shares:
-        return []
-    if any(name != "lookup" for name in summary.source_shares):
-        return []
-    part = "its DFlash part" if "dflash" in method else "its small-AR part" if "small-ar" in method else \
-        "its other part"
-    return [f"**`{method}`: {part} accepted nothing**: every accepted token came from lookup, so its speed "
-            f"({_fmt(speed)}) is lookup's, less the time spent asking the drafter in rounds where lookup had "
-            "nothing to propose."]
-
-
 def answered_conversations(source: str) -> list[str] | None:
     """The JSONL rows of `source` that hold an answer to learn from ("sharegpt", "sharegpt-code" or a
     ShareGPT-style file), or None for a prompts-only file (whose answers must be regenerated)."""
@@ -786,12 +554,3 @@ def _has_answer(row) -> bool:
     return isinstance(turns, list) and any(
         isinstance(turn, dict) and (turn.get("from") or turn.get("role")) in ("gpt", "assistant")
         and str(turn.get("value") or turn.get("content") or "").strip() for turn in turns)
-
-
-def better_recipe(target: str) -> str:
-    """The repository's CPU recipe for this target (the 0.5B study recipe when there is none)."""
-    return RECIPES.get(Path(str(target)).name, RECIPES["qwen2.5-coder-0.5b-instruct"])
-
-
-def _fmt(estimate) -> str:
-    return format_interval(estimate, "x")

@@ -66,8 +66,9 @@ def main(argv: list[str]) -> int:
                  "run.log"):
         if (S / name).exists():
             shutil.copy(S / name, out / name)
-    if (S / "job.log").exists():  # the job's own lines, without the progress bars
-        text = (S / "job.log").read_text(errors="replace").replace("\r", "\n").replace("features: probe", "\nfeatures: probe")
+    if (S / "job.log").exists():  # the job's own lines, without the progress bars (arms.log: the second core's)
+        text = "\n".join((S / log).read_text(errors="replace") for log in ("job.log", "arms.log") if (S / log).exists())
+        text = text.replace("\r", "\n").replace("features: probe", "\nfeatures: probe")
         lines = text.splitlines()
         keep = ("[curve]", "features: ", "data: ", "split: ", "training ", "draft vocabulary", "cache-features: ", "train:")
         (out / "job-lines.log").write_text("".join(line + "\n" for line in lines if line.startswith(keep)
@@ -87,8 +88,8 @@ def main(argv: list[str]) -> int:
         summary["caches"][size] = {**info, "disk_bytes_per_token": info["disk_bytes"] / max(1, info["tokens"]),
                                    "disk_mib_per_conversation": info["disk_bytes"] / max(1, info["sequences"]) / 2**20,
                                    "tokens_this_stage": written, **rates, "stage": stage}
-    for run in sorted((S / "runs").glob("n*")):
-        size = run.name[1:]
+    for run in sorted([*(S / "runs").glob("n*"), *(S / "runs").glob("arm-*")]):
+        size = run.name[1:] if run.name.startswith("n") else run.name  # "400" or "arm-dpace"
         metrics = rows(run / "metrics.jsonl")
         (out / "runs" / run.name).mkdir(parents=True, exist_ok=True)
         kept = [r for r in metrics if "eval" in r or (r.get("step", 1) - 1) % 100 == 0]
@@ -108,6 +109,10 @@ def main(argv: list[str]) -> int:
         shutil.copy(score, out / score.name)
         summary["scores"][score.stem.split("-", 1)[1]] = {k: v for k, v in data.items() if k != "per_conversation"}
     summary["vs_shipped"] = paired_vs(S, "shipped")
+    if (S / "humaneval" / "results.json").exists():  # HumanEval tau of the drafters (one bench run, resumed)
+        (out / "humaneval").mkdir(exist_ok=True)
+        for name in ("results.json", "report.md"):
+            shutil.copy(S / "humaneval" / name, out / "humaneval" / name)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "stages"}, indent=1))
     return 0
