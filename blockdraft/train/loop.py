@@ -187,6 +187,14 @@ class StepResult:
     diagnostics: list[dict] = field(default_factory=list)  # per micro-batch, when the step is logged
     base_diagnostics: list[dict] = field(default_factory=list)
     term_logs: list[dict] = field(default_factory=list)
+    skipped: bool = False  # no supervised slot in the step's batch: no update (see `MAX_EMPTY_STEPS`)
+
+
+# A step whose conversations hold no supervised slot (an answer too short for any anchor's labels, or one whose
+# labels the policy masks whole) has a zero denominator under a per-token normalisation (decay, AUF): it makes
+# no update and counts as a step. Only this many such steps in a row stop the run (then the data, not one
+# conversation, lacks supervision).
+MAX_EMPTY_STEPS = 50
 
 
 def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, resume: bool,
@@ -344,9 +352,9 @@ def train_step(run: Run, step: int, *, log_now: bool, last_good: Path | None) ->
             _collect_logs(run, result, batch, terms)
     dist_info.all_reduce_sum(totals)
     den = float(totals[1])
-    if den <= 0:
-        raise TrainingError(f"step {step}: no supervised slots in the batch (denominator 0); the data has "
-                            "too few assistant tokens for this block size")
+    if den <= 0:  # nothing to learn from in this step's conversations: no update (the caller counts these)
+        run.optimizer.zero_grad(set_to_none=True)
+        return StepResult(0.0, lr, 0.0, 0, skipped=True)
     scale = (dist_info.world_size if run.ddp else 1) / den  # DDP averaged the backbone's gradients: undo, normalise
     for param in run.backbone_params:
         if param.grad is not None:
@@ -417,14 +425,25 @@ def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, r
     end_step = config.max_steps if stop_after is None else min(config.max_steps, run.start_step + stop_after)
     progress = tqdm(range(run.start_step, end_step), initial=run.start_step, total=config.max_steps, desc="train",
                     disable=not dist_info.is_main, dynamic_ncols=True)
+    empty_in_a_row = empty = 0
     for step in progress:
         started = time.perf_counter()
         log_now = dist_info.is_main and (step % config.log_every == 0 or step == end_step - 1)
         result = train_step(run, step, log_now=log_now, last_good=last_good)
         step_s = time.perf_counter() - started
-        progress.set_postfix(loss=f"{result.loss:.3f}", step_s=f"{step_s:.2f}")
-        if log_now:
-            log_step(run, step, result, step_s, metrics_path)
+        if result.skipped:
+            empty, empty_in_a_row = empty + 1, empty_in_a_row + 1
+            if empty_in_a_row >= MAX_EMPTY_STEPS:
+                raise TrainingError(f"steps {step + 1 - empty_in_a_row}-{step}: no supervised slots in {empty_in_a_row} "
+                                    "batches in a row (denominator 0); the data has too few assistant tokens for "
+                                    f"this block size. Last good checkpoint: {last_good or 'none'}")
+            if dist_info.is_main:
+                _append(metrics_path, {"step": step, "skipped": "no supervised slot in the batch"})
+        else:
+            empty_in_a_row = 0
+            progress.set_postfix(loss=f"{result.loss:.3f}", step_s=f"{step_s:.2f}")
+            if log_now:
+                log_step(run, step, result, step_s, metrics_path)
         done = step + 1
         if run.data.heldout and dist_info.is_main and (done % config.eval_every == 0 or done == config.max_steps):
             _append(metrics_path, {"step": done, "eval": evaluate_heldout(run.model, run.drafter, run.data, config,
@@ -446,6 +465,8 @@ def _run(config: TrainConfig, device: torch.device, dist_info: Distributed, *, r
                       "(--resume continues)", flush=True)
             break
     progress.close()
+    if empty and dist_info.is_main:
+        print(f"train: {empty} step(s) had no supervised slot in their batch and made no update", flush=True)
     final = out_dir / "final"
     if dist_info.is_main and end_step == config.max_steps:
         # the run folder passed the gate as this run's own: its final drafter is replaced without a flag

@@ -119,6 +119,36 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(setup, tmp_pat
     assert weights(tmp_path / "nan" / "checkpoints" / "step_000002")
 
 
+def emptied(real, empty_calls):
+    """`real` loss whose calls in `empty_calls` see a batch without supervised slots (denominator 0)."""
+    calls = {"n": 0}
+
+    def loss(*args, **kwargs):
+        calls["n"] += 1
+        terms = real(*args, **kwargs)
+        if calls["n"] in empty_calls:
+            return losses.LossTerms(terms.num * 0.0, torch.zeros_like(torch.as_tensor(terms.den)), terms.extras)
+        return terms
+    return loss
+
+
+def test_a_batch_without_supervised_slots_is_skipped_not_fatal(setup, tmp_path, monkeypatch):
+    """A per-token normalisation (decay, AUF) has a zero denominator on a conversation whose anchors keep no
+    label (an answer too short for the block): that step makes no update; the run goes on (it used to stop
+    the 1,600-conversation arms of the data-curve study at step 353)."""
+    import blockdraft.train.loop as loop
+
+    monkeypatch.setitem(losses.LOSSES, "decay", emptied(losses.LOSSES["decay"], {2}))
+    final = train(make_config(setup, tmp_path / "gap", max_steps=4))
+    rows = [json.loads(line) for line in (tmp_path / "gap" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("skipped") is not None for r in rows] == [False, True, False, False]
+    assert (final / "model.safetensors").exists()
+    monkeypatch.setattr(loop, "MAX_EMPTY_STEPS", 3)
+    monkeypatch.setitem(losses.LOSSES, "decay", emptied(losses.LOSSES["decay"], set(range(1, 100))))
+    with pytest.raises(TrainingError, match="no supervised slots in 3 batches in a row"):
+        train(make_config(setup, tmp_path / "none", max_steps=6))
+
+
 def test_bad_training_input_is_refused(setup, tmp_path):
     with pytest.raises(ConfigError, match="unknown objective"):
         make_config(setup, tmp_path, objective="nope")
