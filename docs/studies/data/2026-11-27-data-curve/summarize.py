@@ -109,10 +109,11 @@ def main(argv: list[str]) -> int:
         shutil.copy(score, out / score.name)
         summary["scores"][score.stem.split("-", 1)[1]] = {k: v for k, v in data.items() if k != "per_conversation"}
     summary["vs_shipped"] = paired_vs(S, "shipped")
-    if (S / "humaneval" / "results.json").exists():  # HumanEval tau of the drafters (one bench run, resumed)
-        (out / "humaneval").mkdir(exist_ok=True)
-        for name in ("results.json", "report.md"):
-            shutil.copy(S / "humaneval" / name, out / "humaneval" / name)
+    for bench in ("humaneval", "humaneval-1600"):  # HumanEval tau of the drafters (bench runs)
+        if (S / bench / "results.json").exists():
+            (out / bench).mkdir(exist_ok=True)
+            for name in ("results.json", "report.md"):
+                shutil.copy(S / bench / name, out / bench / name)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "stages"}, indent=1))
     return 0
