@@ -69,7 +69,7 @@ def compile_shim(build: LlamaCppBuild) -> Path:
     partial = out.with_name(out.name + f".{os.getpid()}.partial")
     command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial),
                f"-I{build.tree / 'include'}", f"-I{build.tree / 'ggml' / 'include'}",
-               f"-L{libllama.parent}", "-lllama", f"-Wl,-rpath,{libllama.parent}"]
+               f"-L{libllama.parent}", "-lllama", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{libllama.parent}"]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ggml-cpu.h"
 #include "llama.h"
 
 /* llama.cpp 11434's `src/llama-ext.h` (not an installed header, and C++: these three keep C++ linkage, which
@@ -30,6 +31,7 @@ typedef struct {
     struct llama_batch batch;
     int32_t batch_tokens; /* the batch's capacity (n_batch) */
     int32_t seq_max;      /* sequence ids per token the batch can hold */
+    struct ggml_threadpool * pool; /* the context's worker threads (bd_attach_pool) */
 } bd_engine;
 
 static int bd_quiet = 1;
@@ -42,6 +44,22 @@ static void bd_log(enum ggml_log_level level, const char * text, void * user_dat
 }
 
 void bd_set_quiet(int quiet) { bd_quiet = quiet; }
+
+/* A persistent thread pool for the context, as llama-server keeps one: without it every llama_decode starts
+   and joins its worker threads, which on a one-token step of a small model is a visible share of the step.
+   Workers poll briefly (llama.cpp's default level, 50) before sleeping, so the next step finds them awake. */
+static void bd_attach_pool(bd_engine * engine, int32_t n_threads) {
+    llama_detach_threadpool(engine->ctx);
+    if (engine->pool != NULL) {
+        ggml_threadpool_free(engine->pool);
+        engine->pool = NULL;
+    }
+    struct ggml_threadpool_params pool_params = ggml_threadpool_params_default(n_threads);
+    engine->pool = ggml_threadpool_new(&pool_params);
+    if (engine->pool != NULL) {
+        llama_attach_threadpool(engine->ctx, engine->pool, NULL);
+    }
+}
 
 /* Load `path` on the CPU; NULL when the model or the context cannot be made (llama.cpp logs why). */
 bd_engine * bd_open(const char * path, int32_t n_ctx, int32_t n_batch, int32_t n_seq_max, int32_t n_outputs_max,
@@ -79,6 +97,7 @@ bd_engine * bd_open(const char * path, int32_t n_ctx, int32_t n_batch, int32_t n
     engine->batch = llama_batch_init(n_batch, 0, n_seq_max);
     engine->batch_tokens = n_batch;
     engine->seq_max = n_seq_max;
+    bd_attach_pool(engine, n_threads);
     return engine;
 }
 
@@ -88,6 +107,9 @@ void bd_close(bd_engine * engine) {
     }
     llama_batch_free(engine->batch);
     llama_free(engine->ctx);
+    if (engine->pool != NULL) {
+        ggml_threadpool_free(engine->pool);
+    }
     llama_model_free(engine->model);
     free(engine);
 }
@@ -114,7 +136,10 @@ void bd_capture_layer(bd_engine * e, int32_t lid, int32_t on) {
     llama_set_embeddings_layer_inp(e->ctx, (uint32_t) lid, on != 0);
 }
 
-void bd_set_threads(bd_engine * e, int32_t n_threads) { llama_set_n_threads(e->ctx, n_threads, n_threads); }
+void bd_set_threads(bd_engine * e, int32_t n_threads) {
+    llama_set_n_threads(e->ctx, n_threads, n_threads);
+    bd_attach_pool(e, n_threads);
+}
 
 /* One llama_decode over n tokens: token i at pos[i], in the sequences seq_ids[i * seq_stride ...] (n_seq[i]
  * of them; the first is the one it attends as), logits when want[i]. Returns llama_decode's code, or -100
