@@ -69,7 +69,10 @@ def compile_shim(build: LlamaCppBuild) -> Path:
     partial = out.with_name(out.name + f".{os.getpid()}.partial")
     command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial),
                f"-I{build.tree / 'include'}", f"-I{build.tree / 'ggml' / 'include'}",
-               f"-L{libllama.parent}", "-lllama", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{libllama.parent}"]
+               f"-L{libllama.parent}", "-lllama", f"-Wl,-rpath,{libllama.parent}"]
+    # the thread-pool functions live in ggml's CPU library; linked by name where the build has one (a build that
+    # loads its CPU backends at run time has none: libllama's own dependencies resolve them when it loads)
+    command += [f"-l{name}" for name in ("ggml-cpu", "ggml-base") if (libllama.parent / f"lib{name}.so").exists()]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
