@@ -23,7 +23,6 @@ import contextvars
 import errno
 import fcntl
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator
 from safetensors import safe_open
 
 from .config import BENCH_SCHEMA, DRAFTER_ARCHITECTURES, LOCAL_HEAD_FORMAT, ConfigError
+from .disk import WRITE_MARGIN_BYTES, check_free_disk, file_sha256, human_bytes  # noqa: F401 (re-exported)
 
 LOCK_NAME = ".blockdraft.lock"  # the lock file a writer keeps inside the folder it owns
 
@@ -591,40 +591,6 @@ def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> No
 
 def write_json_atomic(path: str | Path, payload: Any, *, fsync: bool = False, **dumps: Any) -> None:
     write_text_atomic(path, json.dumps(payload, **dumps) + ("\n" if dumps.get("indent") else ""), fsync=fsync)
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024:
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    return f"{count:.1f} TiB"
-
-
-#: room left beside what a writer counts (its JSON files, the file system's own blocks)
-WRITE_MARGIN_BYTES = 1 << 20
-
-
-def check_free_disk(root: str | Path, need_bytes: int, what: str, error: type[Exception] = ConfigError, *,
-                    fix: str = "Free some space or point BLOCKDRAFT_HOME elsewhere.") -> None:
-    """Refuse before starting when the file system `root` lies on (its nearest existing folder: nothing is
-    created) has less than `need_bytes` free (`what`: 'fetch X', 'save the drafter to D', ...)."""
-    root = Path(root).expanduser().absolute()
-    existing = next((p for p in (root, *root.parents) if p.is_dir()), None)
-    if existing is None:
-        return
-    free = shutil.disk_usage(existing).free
-    if free < need_bytes:
-        raise error(f"not enough free disk to {what}: needs about {human_bytes(need_bytes)} in {root}, "
-                    f"{human_bytes(free)} free. {fix}")
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while block := stream.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager
