@@ -291,14 +291,41 @@ def read_text(path: str | Path, *, what: str = "input file", max_bytes: int = MA
                           "file as UTF-8") from None
 
 
+class JsonLineError(ConfigError):
+    """A JSONL line that is not JSON or passes the gate's bounds: `number` is its line (from 1, counting
+    "\n" only), `reason` what is wrong, `cut` whether it is the last line and no "\n" follows it (a row
+    its writer was killed in the middle of; readers of appended files skip such a row)."""
+
+    def __init__(self, message: str, *, number: int, reason: str, cut: bool):
+        super().__init__(message)
+        self.number, self.reason, self.cut = number, reason, cut
+
+
+def json_lines(text: str, *, what: str = "JSONL text") -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every non-blank line of JSONL text, each parsed by `loads` (nesting and
+    integers bounded); a line that is not JSON raises `JsonLineError` naming `what` and the line.
+
+    Rows end at "\n" only (a "\r" before it is dropped): `str.splitlines` would also end a row at U+2028,
+    U+2029, U+0085 and the other Unicode line breaks, which JSON keeps raw inside strings
+    (`json.dumps(ensure_ascii=False)` writes them so), cutting one row in two and shifting every line
+    number after it."""
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        try:
+            value = loads(line)
+        except json.JSONDecodeError as err:
+            raise JsonLineError(f"{what} line {number} is not valid JSON ({err.msg}); fix or re-create it",
+                                number=number, reason=err.msg, cut=number == len(lines)) from None
+        yield number, value
+
+
 def read_json_lines(path: str | Path, *, what: str = "JSONL file") -> list[Any]:
-    """Every non-empty line of a JSONL file through the reader gate, each parsed by `parse_json` (a line
-    that is not JSON is a named error with its line number)."""
-    rows = []
-    for number, line in enumerate(read_text(path, what=what).splitlines(), 1):
-        if line.strip():
-            rows.append(parse_json(line, what=f"{what} {path} line {number}"))
-    return rows
+    """Every non-blank line of a JSONL file through the reader gate (`read_text`), parsed by `json_lines`
+    (a line that is not JSON is a `JsonLineError` naming the file and the line)."""
+    return [value for _, value in json_lines(read_text(path, what=what), what=f"{what} {path}")]
 
 
 def _resolved(path: Path, flag: str) -> Path:

@@ -13,7 +13,7 @@ from ..config import ConfigError
 from ..data.chat import chat_ids, has_chat_template
 from ..demo import run_demo
 from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
-from ..files import loads, read_text
+from ..files import JsonLineError, json_lines, read_text
 from ..quickstart import run_quickstart
 from ..targets import load_target
 from .common import set_threads, setup_torch, tree_budget_arg
@@ -113,16 +113,13 @@ def read_batch_file(path: str, args: argparse.Namespace) -> list[tuple[str, str]
     A row may repeat the sampling settings only with the flags' values: every row shares one
     temperature/top-p/top-k, so differing settings are refused rather than silently overridden.
     """
-    # "\n" only: str.splitlines would also break rows at U+2028 and friends inside JSON strings
-    lines = read_text(path, what="--batch-file").split("\n")
     rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = loads(line)
-        except ValueError:
-            raise ConfigError(f"--batch-file {path} line {number} is not JSON; write one {{\"prompt\": ...}} per line")
+    try:
+        records = list(json_lines(read_text(path, what="--batch-file"), what=f"--batch-file {path}"))
+    except JsonLineError as err:
+        raise ConfigError(f"--batch-file {path} line {err.number} is not JSON; write one {{\"prompt\": ...}} per "
+                          "line") from None
+    for number, row in records:
         if isinstance(row, str):
             row = {"prompt": row}
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:

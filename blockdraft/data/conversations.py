@@ -32,7 +32,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..config import ConfigError
-from ..files import loads, read_text, why_not_a_file
+from ..files import JsonLineError, json_lines, read_text, why_not_a_file
 from .anchors import valid_anchor_positions
 from .chat import chat_text
 
@@ -100,18 +100,15 @@ def load_conversation_records(path: str | os.PathLike) -> tuple[list[str], list[
 
 
 def _jsonl_records(text: str, path: Path) -> Iterator[tuple[str, object]]:
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):  # no newline after it: the last row of a killed writer
-                print(f"conversations: {path} line {number} is cut off; skipping it", file=sys.stderr)
-                return
-            raise ConversationError(f"{path} line {number} is not JSON ({err.msg}); fix or delete that row") from None
-        yield f"line {number}", record
+    try:
+        for number, record in json_lines(text, what=str(path)):
+            yield f"line {number}", record
+    except JsonLineError as err:
+        if err.cut:  # no newline after it: the last row of a killed writer
+            print(f"conversations: {path} line {err.number} is cut off; skipping it", file=sys.stderr)
+            return
+        raise ConversationError(f"{path} line {err.number} is not JSON ({err.reason}); fix or delete that row") \
+            from None
 
 
 _SEPARATORS = re.compile(r"[\s,]*")

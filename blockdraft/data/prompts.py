@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .. import assets  # looked up at call time, so a test can stand in for a fetched asset
-from ..files import loads, read_text, why_not_a_file
+from ..files import JsonLineError, json_lines, loads, read_text, why_not_a_file
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
@@ -140,15 +140,10 @@ def read_rows(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as err:
             raise PromptError(f"{path} is not JSON ({err.msg})") from None
     else:
-        rows = []
-        # JSONL rows end at "\n" only: str.splitlines would also split at U+2028/U+2029/U+0085, which
-        # json.dumps(ensure_ascii=False) leaves raw inside strings (ShareGPT answers hold them).
-        for number, line in enumerate(text.split("\n"), 1):
-            if line.strip():
-                try:
-                    rows.append(loads(line))
-                except json.JSONDecodeError as err:
-                    raise PromptError(f"{path} line {number} is not JSON ({err.msg})") from None
+        try:
+            rows = [row for _, row in json_lines(text, what=str(path))]
+        except JsonLineError as err:
+            raise PromptError(f"{path} line {err.number} is not JSON ({err.reason})") from None
     if not all(isinstance(row, dict) for row in rows):
         raise PromptError(f"{path} must hold JSON objects, one per row")
     return rows

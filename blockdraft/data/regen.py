@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from ..assets import AssetError, resolve_model
 from ..config import ConfigError
-from ..files import check_input_folder, check_out_file, check_writable, loads, named_disk_errors, sibling_lock
+from ..files import (check_input, check_input_folder, check_out_file, check_writable, json_lines,
+                     named_disk_errors, sibling_lock)
 from .chat import chat_text
 from .prompts import SHIPPED, Prompt, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
@@ -64,47 +65,42 @@ def _is_row(row: object) -> bool:
     return isinstance(row, dict) and all(key in row for key in ROW_KEYS) and isinstance(row["conversations"], list)
 
 
+def _rows_and_tail(path: Path) -> tuple[list[dict], int, bytes]:
+    """(the rows of every complete line, the bytes they fill, the bytes after the last newline: a row cut
+    off by a kill). Raises ConfigError for a file the reader gate refuses or a complete line that is not
+    JSON."""
+    data = check_input(path, what="--out").read_bytes()
+    end = data.rfind(b"\n") + 1
+    try:
+        complete = data[:end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"--out {path} is not UTF-8 text") from None
+    return [row for _, row in json_lines(complete, what=f"--out {path}")], end, data[end:]
+
+
 def is_regen_output(path: Path) -> bool:
     """Whether `path` holds regen's own rows: every complete line one, and at most a cut-off row at the end."""
     try:
-        data = path.read_bytes()
-    except OSError:
+        rows, _, tail = _rows_and_tail(path)
+    except (ConfigError, OSError):
         return False
-    lines = data.splitlines(keepends=True)
-    for number, line in enumerate(lines):
-        if not line.endswith(b"\n"):  # only the last line can lack its newline: a row being written when killed
-            return number == len(lines) - 1 and line.startswith(_ROW_START)
-        try:
-            if not _is_row(loads(line)):
-                return False
-        except ValueError:
-            return False
-    return True
+    return all(_is_row(row) for row in rows) and (not tail or tail.startswith(_ROW_START))
 
 
 def read_done(out_jsonl: Path) -> dict[str, dict]:
     """Rows already written, by id. A last row cut off by a kill (regen's own format, no newline) is
     dropped from the file; a file holding anything else is refused, never cut (`is_regen_output`)."""
-    done: dict[str, dict] = {}
     if not out_jsonl.exists() or not out_jsonl.stat().st_size:
-        return done
+        return {}
     if not is_regen_output(out_jsonl):
         raise ConfigError(f"--out {out_jsonl} holds lines that are not regen rows; it is left as it is: give a "
                           "new file (an existing one is resumed only when it holds regen's own rows)")
-    data = out_jsonl.read_bytes()
-    good_end = 0
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        row = json.loads(line)
-        done[str(row["id"])] = row
-        good_end += len(line)
-    if good_end < len(data):
-        print(f"regen: dropping {len(data) - good_end} bytes of an unfinished row at the end of {out_jsonl}",
-              file=sys.stderr)
+    rows, good_end, tail = _rows_and_tail(out_jsonl)
+    if tail:
+        print(f"regen: dropping {len(tail)} bytes of an unfinished row at the end of {out_jsonl}", file=sys.stderr)
         with open(out_jsonl, "r+b") as stream:
             stream.truncate(good_end)
-    return done
+    return {str(row["id"]): row for row in rows}
 
 
 def _check_settings(done: dict[str, dict], out_jsonl: Path, expected: dict) -> None:

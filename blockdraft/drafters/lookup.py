@@ -13,7 +13,6 @@ usual min(1, p/q) rule and trees by the tree walk: both lossless.
 
 from __future__ import annotations
 
-import json
 import numbers
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..decode.tree import TreeBuilder
-from ..files import loads, read_text, why_not_a_file
+from ..files import JsonLineError, json_lines, read_text, why_not_a_file
 from ..decode.proposal import Proposal
 
 MAX_NGRAM = 16
@@ -78,13 +77,11 @@ class CorpusIndex:
             raise ConfigError(f"lookup corpus {path} {why_not_a_file(path)}; give a "
                               "JSONL file of text or conversations")
         documents: list[list[int]] = []
-        for number, line in enumerate(read_text(path, what="lookup corpus").split("\n"), 1):
-            if not line.strip():
-                continue
-            try:
-                row = loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"lookup corpus {path} is not JSONL: line {number}: {err.msg}") from None
+        try:
+            rows = list(json_lines(read_text(path, what="lookup corpus"), what=f"lookup corpus {path}"))
+        except JsonLineError as err:
+            raise ConfigError(f"lookup corpus {path} is not JSONL: line {err.number}: {err.reason}") from None
+        for number, row in rows:
             for document in _documents(row, tokenizer, f"{path} line {number}"):
                 _check_ids(document, vocab_size, f"{path} line {number}")
                 documents.append(document)

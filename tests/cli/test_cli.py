@@ -177,3 +177,20 @@ def test_generate_batch_file_bad_input(model_folder, tmp_path, capsys):
     for extra, words in cases:
         assert main(base + extra) == 2, extra
         assert words in capsys.readouterr().err, (extra, words)
+
+
+def test_batch_file_rows_keep_unicode_line_separators(tmp_path, capsys):
+    """U+2028 inside a prompt stays in its row, and a bad row is named by its line counting "\n" only."""
+    import argparse
+
+    from blockdraft.cli.run import read_batch_file
+    text = "first\u2028second\x85third"
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": text}, ensure_ascii=False) + "\n" + json.dumps("w2") + "\n",
+                    encoding="utf-8")
+    args = argparse.Namespace(temperature=0.0, top_p=1.0, top_k=0)
+    assert read_batch_file(str(path), args) == [("a", text), ("1", "w2")]
+    with open(path, "a") as stream:
+        stream.write("{not json\n")
+    assert main(["generate", "--target", str(tmp_path / "unused"), "--batch-file", str(path)]) == 2
+    assert "line 3 is not JSON" in capsys.readouterr().err

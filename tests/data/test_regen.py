@@ -156,3 +156,18 @@ def test_only_a_cut_off_regen_row_is_dropped(tiny_folder, tmp_path):
     with pytest.raises(ConfigError, match="not a regen output"):
         R.regen(str(tiny_folder), prompts(2), 2, out, **kwargs)
     assert out.read_bytes() == before
+
+
+def test_resume_keeps_unicode_line_separators_and_cuts_only_the_unfinished_row(tmp_path):
+    """regen writes rows with ensure_ascii=False, so an answer's U+2028 / U+0085 lie raw in the file: they
+    stay inside their row; only the bytes after the last newline (a row cut by a kill) are dropped."""
+    row = {"id": "a", "conversations": [{"role": "assistant", "content": "one\u2028two\x85three"}],
+           "temperature": 0.0, "max_new_tokens": 4, "target": "t"}
+    out = tmp_path / "r.jsonl"
+    whole = (json.dumps(row, ensure_ascii=False) + "\n").encode()
+    out.write_bytes(whole + '{"id": "b", "conversations": [{"content": "caf\u00e9'.encode()[:-1])  # cut mid-character
+    assert R.is_regen_output(out)
+    assert R.read_done(out) == {"a": row}
+    assert out.read_bytes() == whole
+    out.write_bytes(whole + b'{"id": 3\n')  # a complete line that is not JSON: not regen's file
+    assert not R.is_regen_output(out)
