@@ -154,7 +154,7 @@ class PositionAcceptance(NamedTuple):
     among rounds that proposed slot i; ``conditional[i-1] = reached[i-1] /
     at_risk[i-1]`` estimates P(slot i accepted | slots < i accepted, slot i proposed).
     Ratios with a zero denominator are NaN. The counts are kept so reports can be
-    re-derived (STYLE principle 9).
+    re-derived from them (benchmarks record raw counts; rates are derived).
     """
 
     rate: np.ndarray  # (L,) float

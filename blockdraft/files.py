@@ -2,11 +2,12 @@
 atomic files and folders, `--out` checks for folders and appended files, run-folder locks, and disk
 errors (read-only, full) turned into named errors.
 
-The gate (STYLE 16): every file or folder a command writes passes `check_location` / `check_out_dir` /
+The one gate for the outside world: every file or folder a command writes passes `check_location` / `check_out_dir` /
 `check_out_file` first, and every file it reads passes `check_input` / `check_input_folder` / `read_text` /
 `read_json` (a FIFO, a device or an absurd size is refused; JSON nesting and integers are bounded by
 `loads` / `parse_json`; a path the file system cannot hold is named). Each records what it let through, so
-`tests/system/test_gates.py` can run every command and name a writer or reader that went around it.
+`tests/system/test_gates.py` can run every command and name a writer or reader that went around it
+(each such one is a bug: a second, partial gate).
 
 An output folder says what it is: a drafter's `config.json` names `architectures: ["DFlashDraftModel"]`,
 a local head's names `format: blockdraft-local-head`, a training run holds `train_config.json`, a bench

@@ -42,7 +42,7 @@ def header_shapes(weights: str | Path) -> dict[str, tuple[int, ...]]:
 
 
 def expected_shapes(config: DFlashConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    """The released layout's backbone shapes that `config` implies (SPEC §2), for one layer and the shared
+    """The released layout's backbone shapes that `config` implies, for one layer and the shared
     tensors."""
     hidden, width = config.hidden_size, config.intermediate_size
     queries = config.num_attention_heads * config.head_dim
