@@ -171,6 +171,12 @@ def section_before_after(loaded):
         by_method = loaded[run][1]
         print(f"  on the {len(shared)} records both runs hold: {run}: {short(method)}:"
               f" {vs_llamacpp_plain(by_method, method, shared):.2f}x")
+    print("llama-server plain on the same file between runs (tok/s, decode tokens / decode_s):")
+    for run in ["bench-q4_k_m-2t", "bench-0.5b-2t", "bench-0.5b-2t-plain", "bench-0.5b-2t-pool"]:
+        by_method = loaded[run][1]
+        recs = next(v for m, v in by_method.items() if m.startswith("llamacpp,"))
+        rate = sum(max(0, len(r["tokens"]) - 1) for r in recs) / sum(r["decode_s"] for r in recs)
+        print(f"  {run}: {rate:.1f} tok/s over {len(recs)} records")
     data, by_method = loaded["bench-0.5b-2t"]
     gated = list(rounds_of(by_method["dflash:qwen2.5-coder-0.5b-instruct-dflash-b8,tree=measured,gate=measured"]))
     drafted = [x for x in gated if x["proposed"] > 0]
