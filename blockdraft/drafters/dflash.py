@@ -226,16 +226,17 @@ class DFlashDrafter:
         # DFlash: slot 0 is the anchor and only conditions; DSpark: the anchor slot also predicts.
         self.first_predicting_slot = 1 if config.layout == "dflash" else 0
         self.head = DraftHead(target, model.vocab_map, config.output_multiplier)
-        self.rows: DFlashRows | None = None  # this sequence's state: row 0
+        # this sequence's drafting state (context cache, pending features) as row 0 of a DFlashRows
+        self.sequence_state: DFlashRows | None = None
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
-        self.rows = DFlashRows(self)
-        self.rows.reset([prompt_ids], [prompt_features])
+        self.sequence_state = DFlashRows(self)
+        self.sequence_state.reset([prompt_ids], [prompt_features])
 
     def spawn(self) -> "DFlashDrafter":
         """The same weights and head with fresh per-sequence state: one per row of a batch."""
         row = copy.copy(self)
-        row.rows = None
+        row.sequence_state = None
         return row
 
     def batch_drafter(self, rows: int) -> DFlashRows:
@@ -247,12 +248,12 @@ class DFlashDrafter:
         """One drafter pass for the block after ids (1, L): the (num_proposals, H) final hidden states of
         the predicting slots (what heads composed onto the backbone read) and their (num_proposals, V_draft)
         logits."""
-        hidden, logits = self.rows.draft_block([0], [ids], [num_proposals])
+        hidden, logits = self.sequence_state.draft_block([0], [ids], [num_proposals])
         return hidden[0], logits[0]
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        return self.rows.propose([0], [ids], [num_proposals], sampling, [generator])[0]
+        return self.sequence_state.propose([0], [ids], [num_proposals], sampling, [generator])[0]
 
     @torch.inference_mode()
     def proposal(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: int, sampling: SamplingConfig,
@@ -270,7 +271,7 @@ class DFlashDrafter:
                         logits=logits, logit_token_ids=self.head.logit_token_ids, slot_marginals=True)
 
     def commit(self, length: int, features: torch.Tensor | None) -> None:
-        self.rows.commit(0, length, features)
+        self.sequence_state.commit(0, length, features)
 
 
 class DraftHead:

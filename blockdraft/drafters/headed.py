@@ -188,21 +188,22 @@ class HeadedDrafter:
 
 
 class HeadedRows:
-    """The batch drafter of a `HeadedDrafter`: its backbone's rows (`DFlashRows`, one block pass for every
+    """The batch drafter of a `HeadedDrafter`: its backbone's drafting state (`DFlashRows`, one block pass for every
     row), then `HeadedDrafter.draft` over all rows at once; each row proposes what it proposes alone."""
 
-    def __init__(self, drafter: HeadedDrafter, rows: DFlashRows):
-        self.drafter, self.rows = drafter, rows
+    def __init__(self, drafter: HeadedDrafter, backbone_state: DFlashRows):
+        # every row's backbone drafting state (context cache, pending features): one block pass for all rows
+        self.drafter, self.backbone_state = drafter, backbone_state
 
     def reset(self, prompt_ids: Sequence[torch.Tensor], prompt_features: Sequence[torch.Tensor | None]) -> None:
-        self.rows.reset(prompt_ids, prompt_features)
+        self.backbone_state.reset(prompt_ids, prompt_features)
 
     def join(self, rows: Sequence[int], prompt_ids: Sequence[torch.Tensor],
              prompt_features: Sequence[torch.Tensor | None]) -> None:
-        self.rows.join(rows, prompt_ids, prompt_features)
+        self.backbone_state.join(rows, prompt_ids, prompt_features)
 
     def commit(self, row: int, length: int, features: torch.Tensor | None) -> None:
-        self.rows.commit(row, length, features)
+        self.backbone_state.commit(row, length, features)
 
     @torch.inference_mode()
     def propose(self, rows: Sequence[int], ids: Sequence[torch.Tensor], budgets: Sequence[int],
@@ -211,6 +212,6 @@ class HeadedRows:
             return [Proposal.empty(one.device) for one in ids]
         started = time.perf_counter()
         limits = [min(budget, self.drafter.max_proposals) for budget in budgets]
-        hidden, base = self.rows.draft_block(rows, ids, limits)  # (R, k, H), (R, k, V_draft)
+        hidden, base = self.backbone_state.draft_block(rows, ids, limits)  # (R, k, H), (R, k, V_draft)
         anchors = torch.cat([one[0, -1:] for one in ids])  # (R,)
         return self.drafter.draft(hidden, base.float(), anchors, limits, sampling, generators, started)[0]

@@ -159,7 +159,7 @@ class LocalHead(nn.Module):
             nn.init.normal_(self.markov_e.weight, std=0.02)
             nn.init.normal_(self.markov_w.weight, std=0.02)
         self._embed: tuple[nn.Module, ...] = ()
-        self._rows_cache: tuple[tuple, torch.Tensor] | None = None
+        self._draft_weight: tuple[tuple, torch.Tensor] | None = None  # (key, the output weight at d2t)
         if embed_tokens is not None:
             self.use_embeddings(embed_tokens)
 
@@ -183,47 +183,48 @@ class LocalHead(nn.Module):
         with torch.no_grad():  # E_tgt is frozen (the target keeps requires_grad=True on its weights)
             return self._embed[0](ids).to(self.gru.weight_ih_l0.dtype)
 
-    def _output_weight(self, rows: torch.Tensor | None) -> torch.Tensor:
-        """(V_out, r): W_vocab (rnn) or W_M (markov), restricted to the draft-vocabulary ids `rows`.
+    def _output_weight(self, d2t: torch.Tensor | None) -> torch.Tensor:
+        """(V_out, r): W_vocab (rnn) or W_M (markov), restricted to the rows of the target ids `d2t`
+        (V_draft,), one per draft-vocabulary id; None: every target id.
 
         Drafting selects the same rows at every slot, so without gradients the selection is kept
-        until the weight changes (in place, device or dtype) or other rows are asked for.
+        until the weight changes (in place, device or dtype) or another `d2t` is asked for.
         """
         weight = (self.vocab_proj if self.variant == "rnn" else self.markov_w).weight  # (V, r)
-        if rows is None:
+        if d2t is None:
             return weight
         if torch.is_grad_enabled():
-            return weight[rows]
-        key = (weight.data_ptr(), weight._version, weight.dtype, rows.data_ptr(), rows.numel())
-        if self._rows_cache is None or self._rows_cache[0] != key:
-            self._rows_cache = (key, weight[rows])
-        return self._rows_cache[1]
+            return weight[d2t]
+        key = (weight.data_ptr(), weight._version, weight.dtype, d2t.data_ptr(), d2t.numel())
+        if self._draft_weight is None or self._draft_weight[0] != key:
+            self._draft_weight = (key, weight[d2t])
+        return self._draft_weight[1]
 
-    def _scores(self, latent: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    def _scores(self, latent: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
         """(..., r) -> (..., V_out) = latent · W_outᵀ."""
-        return F.linear(latent, self._output_weight(rows))
+        return F.linear(latent, self._output_weight(d2t))
 
-    def forward(self, ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, d2t: torch.Tensor | None = None) -> torch.Tensor:
         """ids (N, T) target ids -> logits (N, T, V_out); position t predicts token t+1 from ids[:, :t+1]
-        (the GRU starts from a zero state at ids[:, 0], the anchor)."""
+        (the GRU starts from a zero state at ids[:, 0], the anchor); `d2t`: score only these target ids."""
         if self.variant == "markov":
-            return self._scores(self.markov_e(ids), rows)  # E_M[x_{i-1}] W_Mᵀ
+            return self._scores(self.markov_e(ids), d2t)  # E_M[x_{i-1}] W_Mᵀ
         states, _ = self.gru(self._embeddings(ids))  # (N, T, H_gru)
-        return self._scores(F.silu(self.rank_proj(states)), rows)
+        return self._scores(F.silu(self.rank_proj(states)), d2t)
 
-    def initial_state(self, rows: int = 1) -> torch.Tensor | None:
-        """The GRU state before the anchor: zeros (1, rows, H_gru) for rnn; None for markov."""
+    def initial_state(self, batch: int = 1) -> torch.Tensor | None:
+        """The GRU state before the anchor: zeros (1, batch, H_gru) for rnn; None for markov."""
         if self.variant == "markov":
             return None
-        return self.rank_proj.weight.new_zeros(1, rows, self.config.gru_hidden_size)
+        return self.rank_proj.weight.new_zeros(1, batch, self.config.gru_hidden_size)
 
-    def step(self, prev: torch.Tensor, state: torch.Tensor | None, rows: torch.Tensor | None = None
+    def step(self, prev: torch.Tensor, state: torch.Tensor | None, d2t: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One token per row: prev (R,) (or ()) target ids of x_{i-1}, state -> (logits (R, V_out), next state)."""
         if self.variant == "markov":
-            return self._scores(self.markov_e(prev), rows), None
+            return self._scores(self.markov_e(prev), d2t), None
         output, state = self.gru(self._embeddings(prev.reshape(-1, 1)), state)  # (R, 1, H_gru); each row a sequence
-        return self._scores(F.silu(self.rank_proj(output[:, 0].view(*prev.shape, -1))), rows), state
+        return self._scores(F.silu(self.rank_proj(output[:, 0].view(*prev.shape, -1))), d2t), state
 
 
 # ------------------------------------------------------------------ unigram prior
@@ -294,7 +295,7 @@ class DeLSFusionHead(SlotHead):
         self.short = short
         self.prior = prior
         self.per_position = bool(per_position)
-        self.rows: torch.Tensor | None = None  # draft-vocabulary ids (d2t) of the bound backbone
+        self.d2t: torch.Tensor | None = None  # (V_draft,) target id of each draft-vocabulary id, of the bound backbone
         if self.per_position:
             positions = positions or short.config.max_positions
             if not positions or positions < 1:
@@ -350,7 +351,7 @@ class DeLSFusionHead(SlotHead):
                 raise ConfigError(f"the per-position fusion weights cover {self.positions} slots but the drafter "
                                   f"proposes up to {proposals} per block: train them for this drafter")
         self.short.use_embeddings(context.embed_tokens)
-        self.rows = context.d2t
+        self.d2t = context.d2t
 
     def _weights(self, slots: torch.Tensor | int) -> tuple[torch.Tensor | float, torch.Tensor | float]:
         if not self.per_position:
@@ -361,19 +362,19 @@ class DeLSFusionHead(SlotHead):
         """ℓ_L + α ℓ_S − β ℓ_P in float32. long/short (..., V_draft); slots: the slot index of each row
         (an int, or a (K, 1) column for (N, K, V) inputs)."""
         alpha, beta = self._weights(slots)
-        prior = self.prior.log_probs if self.rows is None else self.prior.log_probs[self.rows]  # (V_draft,)
+        prior = self.prior.log_probs if self.d2t is None else self.prior.log_probs[self.d2t]  # (V_draft,)
         return long_logits.float() + alpha * short_logits.float() - beta * prior.float()
 
     def begin(self, anchor: torch.Tensor, hidden: torch.Tensor, base: torch.Tensor) -> torch.Tensor | None:
         return self.short.initial_state(anchor.numel())
 
     def step(self, k: int, prev: torch.Tensor, hidden_k: torch.Tensor, logits_k: torch.Tensor, state):
-        short, state = self.short.step(prev, state, self.rows)  # (V_draft,) ℓ_S from [anchor, x_1..x_{k}]
+        short, state = self.short.step(prev, state, self.d2t)  # (V_draft,) ℓ_S from [anchor, x_1..x_{k}]
         return self.fuse(logits_k, short, k), state
 
     def block_logits(self, prev: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Teacher forced: prev (N, K) target ids [anchor, z*_1 .. z*_{K-1}], logits (N, K, V_draft)."""
-        short = self.short(prev, self.rows)  # (N, K, V_draft)
+        short = self.short(prev, self.d2t)  # (N, K, V_draft)
         slots = torch.arange(prev.shape[1], device=prev.device)[:, None]  # (K, 1)
         return self.fuse(logits, short, slots)
 

@@ -94,3 +94,19 @@ def test_batched_decoding_drafts_all_rows_in_one_pass():
     for prompt, result in zip(batch, results):  # and every row is still its own plain greedy text
         assert result.tokens == blockdraft.generate(target, None, prompt, max_new_tokens=24,
                                                     stop_token_ids=()).tokens
+
+
+def test_a_drafters_state_is_named_for_what_it_holds():
+    from blockdraft.drafters.dflash_rows import DFlashRows
+    from blockdraft.drafters.headed import HeadedDrafter, HeadedRows
+    from blockdraft.drafters.markov import MarkovHead
+    target, drafter = drafters("draft-vocab")
+    one = drafter.spawn()
+    assert one.sequence_state is None
+    prompt = torch.tensor([[5, 6, 7]], device=target.device)
+    one.reset(prompt, features(target, drafter, prompt, 0, 3))
+    assert isinstance(one.sequence_state, DFlashRows) and one.sequence_state.order == [0]
+    assert not hasattr(one, "rows")
+    target, drafter = drafters("dspark")
+    headed = HeadedDrafter(drafter, [MarkovHead(target.vocab_size, 4)]).batch_drafter(2)
+    assert isinstance(headed, HeadedRows) and isinstance(headed.backbone_state, DFlashRows)
