@@ -22,11 +22,12 @@ from .sanity import check_drafter_target  # noqa: E402
 from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
 from .decode.proposal import Drafter, NoDrafter, Proposal  # noqa: E402
 from .drafters.tree import as_tree  # noqa: E402
-from .target import Target  # noqa: E402
+from .decode.target import TargetModel  # noqa: E402
 from .targets import load_target  # noqa: E402  (a model folder, an asset name or a GGUF file)
+from .targets.transformers import Target  # noqa: E402
 
 
-def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor | Sequence[int], *,
+def generate(target: TargetModel, drafter: Drafter | None, prompt_ids: torch.Tensor | Sequence[int], *,
              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Iterable[int] | None = None, seed: int | None = 0, draft_argmax: bool = False,
              num_proposals: int | str | None = None, record_q: bool = False,
@@ -56,7 +57,7 @@ def generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor |
                                 stop_token_ids=stops, seed=seed, num_proposals=num_proposals, record_q=record_q)
 
 
-def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor | Sequence[int]], *,
+def generate_batch(target: TargetModel, drafter: Drafter | None, prompts: Sequence[torch.Tensor | Sequence[int]], *,
                    max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    stop_token_ids: Iterable[int] | None = None, seed: int | Sequence[int | None] | None = 0,
                    draft_argmax: bool = False, num_proposals: int | str | None = None,
@@ -100,7 +101,7 @@ def generate_batch(target: Target, drafter: Drafter | None, prompts: Sequence[to
                           max_batch=max_batch)
 
 
-def _stop_ids(target: Target, stop_token_ids: Iterable[int] | None) -> list[int]:
+def _stop_ids(target: TargetModel, stop_token_ids: Iterable[int] | None) -> list[int]:
     """The target's EOS ids for None, else the given ids, refused by name unless they are integers."""
     if stop_token_ids is None:
         return target.eos_token_ids()
@@ -144,5 +145,5 @@ def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
 
 
 __all__ = ["ConfigError", "DFlashConfig", "Drafter", "GenerationResult", "NoDrafter", "Proposal", "RoundRecord",
-           "SamplingConfig", "Target", "batch_generate", "generate", "generate_batch", "init_drafter", "load_drafter",
+           "SamplingConfig", "Target", "TargetModel", "batch_generate", "generate", "generate_batch", "init_drafter", "load_drafter",
            "load_target", "save_drafter", "speculative_generate", "__version__"]

@@ -59,7 +59,7 @@ from .drafters.pruning import Pruning
 from .drafters.selector_tree import SelectorTree
 from .drafters.small_ar import SmallARDrafter
 from .drafters.tree import MAX_TREE_BUDGET, TreeDrafter, as_tree, check_budget
-from .target import Target
+from .decode.target import TargetModel
 from .targets import load_target
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -133,12 +133,12 @@ class BuildContext:
     """What a builder may use beside its argument and options: the target, the draft models it shares with
     the other specs built for the same target, and where a fixed count came from (for errors)."""
 
-    target: Target
+    target: TargetModel
     block_size: int | None = None  # bench --block-size B (K = B - 1) for drafters sized by it (small-AR)
     proposals_flag: str = "proposals="  # how errors name a fixed K: `proposals=K`, or generate's `--num-proposals `
-    models: dict[str, Target] = field(default_factory=dict)
+    models: dict[str, TargetModel] = field(default_factory=dict)
 
-    def draft_model(self, name: str) -> Target:
+    def draft_model(self, name: str) -> TargetModel:
         """A small causal LM loaded once in the target's dtype and device (bench's hf-assisted shares it)."""
         if name not in self.models:
             self.models[name] = load_target(name, dtype=self.target.dtype, device=self.target.device)
@@ -280,7 +280,7 @@ def _checked_count(drafter, options: DraftOptions, context: BuildContext, path: 
     return drafter
 
 
-def _with_heads(drafter, options: DraftOptions, target: Target, path: str):
+def _with_heads(drafter, options: DraftOptions, target: TargetModel, path: str):
     """The loaded drafter re-composed with the options' head switches and pruning."""
     given = {key for key in options.given if key in ("markov", "heads", "threshold", "cost")}
     if not given:
@@ -312,7 +312,7 @@ def build_dflash(arg: str | None, options: DraftOptions, context: BuildContext) 
                      "options": dict(options.given)}
 
 
-def _lookup(target: Target, corpus: str | None, options: DraftOptions, tree: bool) -> LookupDrafter:
+def _lookup(target: TargetModel, corpus: str | None, options: DraftOptions, tree: bool) -> LookupDrafter:
     min_ngram = options["min_ngram"]
     max_ngram = options["ngram"] or max(DEFAULT_LOOKUP_NGRAM, min_ngram)
     index = CorpusIndex.from_jsonl(corpus, target.tokenizer, min_ngram=min_ngram, max_ngram=max_ngram,

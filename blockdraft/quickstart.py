@@ -48,7 +48,9 @@ from .eval.bench import BenchConfig, parse_dataset, render_chat, run_bench
 from .eval.methods import build_runners
 from .eval.runner import close_runners
 from .files import check_out_dir, write_text_atomic
-from .target import Target, load_target, native_bf16
+from .devices import native_bf16
+from .targets import load_target
+from .targets.transformers import Target
 from .train.checkpoint import latest_checkpoint
 from .train.config import TrainConfig
 from .train.features import topk_log_probs
@@ -101,7 +103,7 @@ def probe_throughput(target, *, tokens: int = 64, steps: int = 3, load_s: float 
         load_s = load_s or 0.0
         started -= load_s  # the probe's time includes the loading done before
     else:
-        target = load_target(target, dtype="auto")
+        target = load_target(target, dtype="auto", engine="transformers")
         load_s = time.monotonic() - started
     ids = _probe_ids(target, tokens)
     target.features(ids[:, :8], [max(0, target.num_layers - 2)], with_logits=True)  # first-call allocations
@@ -248,7 +250,7 @@ def _probe(job: Job, seconds: float) -> None:
     job.methods = _methods(job.target, job.draft_model, job.drafter_dir)
     job.say("load the target at `auto` precision (bf16 only where native) and probe this machine's throughput")
     loading = time.monotonic()
-    job.loaded = load_target(job.target, dtype="auto")  # kept for training, which would load it again
+    job.loaded = load_target(job.target, dtype="auto", engine="transformers")  # kept for training, which would load it again
     job.speed = speed = probe_throughput(job.loaded, load_s=time.monotonic() - loading)
     job.available, job.prompt_tokens = _benchmark_prompts(job.target, job.dataset)
     job.plan = Plan.for_machine(job.budget_s / 60, job.left(), speed, answers=job.answers is not None,
@@ -518,7 +520,7 @@ def _rerun_fp32(target_name: str, methods: tuple[str, ...], dataset: str, *, tok
     the slowest ratio to plain seen) fits before `deadline` (the first method's: `grace` seconds later)."""
     name, path = parse_dataset(dataset)
     prompt = load_prompts(name, path=path, n=1)[0]
-    target = load_target(target_name, dtype="fp32")
+    target = load_target(target_name, dtype="fp32", engine="transformers")
     ids = render_chat(target.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
     timed = time.monotonic()
     (plain_runner,), _ = build_runners(("ar",), None, target, SamplingConfig(), record_q=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config)
 
-from .target import Target
+from .targets.transformers import Target
 
 ARCHITECTURES = ("qwen3", "qwen2", "llama", "gemma3")
 

@@ -69,16 +69,16 @@ def write_tiny_gguf(model, path: Path, outtype: str = "f32") -> Path:
 
 def plain_with_gaps(target, prompt: torch.Tensor, new_tokens: int) -> tuple[list[int], list[float]]:
     """A target's plain greedy tokens in one-token steps, and at each the gap between its top two logits
-    (where llama.cpp's multi-token pass may pick the other token, `tests/engines/test_gguf_target.py`)."""
+    (where llama.cpp's multi-token pass may pick the other token, `tests/targets/test_gguf.py`)."""
     tokens, gaps = [], []
-    cache = target.open_cache(())
-    out = target.forward(prompt, 0, cache, logits_to_keep=1)
+    cache = target.open_rows()
+    out = cache.forward(prompt, 0, logits_to_keep=1)
     position = prompt.shape[1]
     for _ in range(new_tokens):
         top = out.logits[0, -1].topk(2)
         tokens.append(int(top.indices[0]))
         gaps.append(float(top.values[0] - top.values[1]))
-        out = target.forward(torch.tensor([[tokens[-1]]]), position, cache, logits_to_keep=1)
+        out = cache.forward(torch.tensor([[tokens[-1]]]), position, logits_to_keep=1)
         position += 1
     cache.close()
     return tokens, gaps

@@ -14,7 +14,7 @@ from blockdraft.cli.run import drafter_spec
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafter_spec import DRAFTERS, parse_spec
 from blockdraft.eval.methods import build_runners, parse_method
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 from chat_fixtures import save_tiny_chat_model
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"

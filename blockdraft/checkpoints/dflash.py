@@ -28,7 +28,7 @@ from ..files import (MAX_JSON_BYTES, UNTRAINED, atomic_write_folder, check_input
                      parse_json)
 from ..sanity import check_drafter_file, check_finite  # noqa: F401 (check_finite: re-exported)
 from ..shipped import resolve_drafter, shipped_names
-from ..target import Target
+from ..targets.transformers import Target
 
 CONFIG_NAME = "config.json"
 ARCHES = ("dflash", "dflash2")

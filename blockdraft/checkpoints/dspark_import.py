@@ -27,7 +27,8 @@ from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import DFlashDraftModel, check_compatible
 from ..drafters.markov import VARIANT_ALIASES
 from ..files import check_input_folder, check_out_dir, read_json
-from ..target import Target, load_target
+from ..targets import load_target
+from ..targets.transformers import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, head_prefix, load_strict, save_drafter
 from .headed import build_heads
 
@@ -126,7 +127,7 @@ def import_dspark(src_dir: str | Path, out_dir: str | Path, *, target: Target | 
     src = Path(src_dir)
     check_out_dir(out_dir, "drafter", overwrite=overwrite, protect=[src])
     raw, state = _read(src)
-    target = load_target(target) if target is not None else None
+    target = load_target(target, engine="transformers") if target is not None else None
     config = dspark_config(raw, num_target_layers=target.num_layers if target is not None else None)
     heads = dspark_heads_description(raw, state)
     slot_heads, confidence = build_heads(heads)

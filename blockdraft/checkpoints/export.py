@@ -46,7 +46,7 @@ from safetensors.torch import save_file
 from ..config import ConfigError, DFlashConfig
 from ..drafters.dflash import check_compatible
 from ..files import UNTRAINED, atomic_write_folder, holds_trained_weights
-from ..target import Target
+from ..targets.transformers import Target
 from .dflash import CONFIG_NAME, WEIGHTS_NAME, load_drafter_model, state_bytes
 
 FOLDER_CONSUMERS = ("zlab", "vllm", "sglang")  # llama.cpp's GGUF file is engines/llamacpp_export.py's (the one

@@ -22,7 +22,8 @@ from ..drafters.head_table import HEAD_MODULES, HEADS, head_builder
 from ..drafters.heads import ScoringHead, SlotHead
 from ..drafters.pruning import Pruning
 from ..shipped import resolve_drafter
-from ..target import Target, load_target
+from ..targets import load_target
+from ..targets.transformers import Target
 from .dflash import WEIGHTS_NAME, head_prefix, load_drafter_model, load_strict, save_drafter
 
 
@@ -34,7 +35,7 @@ def load_drafter(path: str | Path, target: Target | str) -> Drafter:
     if target is None or not isinstance(path, (str, os.PathLike)):
         raise ConfigError("load_drafter(path, target) needs the drafter's folder (or shipped name) and the target it "
                           "drafts for; for plain decoding pass drafter=None to generate instead")
-    target = load_target(target)
+    target = load_target(target, engine="transformers")
     path = resolve_drafter(path)
     model = load_drafter_model(path, dtype=target.dtype, device=target.device)
     drafter = DFlashDrafter(model, target)

@@ -13,7 +13,8 @@ import torch
 from ..assets import AssetError
 from ..config import ConfigError
 from ..drafter_spec import tree_budget
-from ..target import pick_device, resolve_model_path
+from ..devices import pick_device
+from ..targets.transformers import resolve_model_path
 
 
 def set_threads(threads: int | None) -> None:

@@ -18,7 +18,7 @@ from ..eval.train_speed import bench_train
 from ..eval.verify_cost import format_table, verify_cost_table
 from ..files import check_location, check_out_file
 from ..losses import LOSSES
-from ..target import native_bf16, pick_device
+from ..devices import native_bf16, pick_device
 from .common import deadline, input_folder, method_paths, set_threads, tree_budget_arg
 
 

@@ -21,7 +21,8 @@ from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, M
 from ..engines.export import CONSUMERS, export
 from ..files import check_input, check_out_dir, overwrite_allowed
 from ..shipped import resolve_drafter
-from ..target import load_target, resolve_model_path
+from ..targets import load_target
+from ..targets.transformers import resolve_model_path
 from ..train.config import TrainConfig
 from ..train.local_head import LocalHeadTrainConfig, fit_fusion_weights, train_local_head
 from ..train.loop import train
@@ -51,7 +52,7 @@ def cmd_init_drafter(args: argparse.Namespace) -> int:
     layer_ids = parse_layer_ids(args.target_layer_ids)
     shape = _dflash2_shape(args)
     check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
-    target = load_target(args.target, dtype="fp32")
+    target = load_target(args.target, dtype="fp32", engine="transformers")
     drafter = init_drafter(target, num_layers=args.layers, block_size=args.block_size, target_layer_ids=layer_ids,
                            mask_token_id=args.mask_token_id, intermediate_size=args.intermediate_size, seed=args.seed,
                            arch=args.arch, **shape)
@@ -78,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_import_dspark(args: argparse.Namespace) -> int:
     if args.target:
         check_out_dir(args.out, "drafter", overwrite=args.overwrite, protect=[resolve_model_path(args.target)])
-    target = load_target(args.target) if args.target else None  # its stored dtype: the copies compare exactly
+    target = load_target(args.target, engine="transformers") if args.target else None  # its stored dtype: the copies compare exactly
     report = import_dspark(args.src, args.out, target=target, overwrite=args.overwrite)
     print(json.dumps(report, indent=2))
     return 0
@@ -119,7 +120,7 @@ def _load_for_heads(args: argparse.Namespace):
     """Target (fp32: head maths exact, drafter weights upcast losslessly) and the drafter at args.drafter."""
     set_threads(args.threads)
     args.drafter = str(resolve_drafter(args.drafter))  # a shipped drafter's name works too
-    target = load_target(args.target, dtype=args.dtype, device=args.device)
+    target = load_target(args.target, dtype=args.dtype, device=args.device, engine="transformers")
     return target, load_drafter(args.drafter, target)
 
 

@@ -166,7 +166,7 @@ def _regen_locked(folder, target, prompts: Sequence[Prompt], n: int, out_jsonl: 
     # deferred: transformers (also through target.py), needed only to write conversations, not to list prompts
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..target import parse_dtype
+    from ..devices import parse_dtype
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
 

@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 from ..config import ConfigError
-from .cache import open_cache
-from ..target import Target
+from .proposal import Proposal
+from .target import TargetModel
 from ..timing import timed
 
-_TIMED: "weakref.WeakKeyDictionary[Target, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
+_TIMED: "weakref.WeakKeyDictionary[TargetModel, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
 
 
 def best_prefix(expected_cumulative: Sequence[float], costs: Sequence[float], first: int = 0) -> int:
@@ -88,7 +88,7 @@ def timing_deadline(deadline: float | None, share: float = 0.5) -> Iterator[Timi
 
 
 @torch.inference_mode()
-def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, rows: int = 1, context: int = 64,
+def measure_verify_cost(target: TargetModel, ks: Sequence[int], repeats: int = 5, *, rows: int = 1, context: int = 64,
                         seed: int = 0) -> dict[int, float]:
     """Median seconds of a verify pass over `rows` rows of k + 1 new tokens each after `context` cached
     tokens per row, for each k: the round of k proposals, timed on the running machine (under a
@@ -119,27 +119,28 @@ def measure_verify_cost(target: Target, ks: Sequence[int], repeats: int = 5, *, 
         budget.spent_s += time.perf_counter() - started
 
 
-def _time_passes(target: Target, ks: Sequence[int], repeats: int, rows: int, context: int,
+def _time_passes(target: TargetModel, ks: Sequence[int], repeats: int, rows: int, context: int,
                  seed: int) -> dict[int, float]:
     if rows > 1:
         target.check_batchable()
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, target.vocab_size, (rows, context + max(ks) + 1), generator=generator).to(target.device)
-    starts = torch.full((rows,), context, device=target.device)
-    cache = open_cache(target)
-    target.verify(ids[:, :context], torch.zeros_like(starts), cache.cache, logits_to_keep=1)
+    starts, anchors = [context] * rows, [ids[row:row + 1, context:context + 1] for row in range(rows)]
+    cache = target.open_rows()
+    cache.prefill(list(range(rows)), [ids[row:row + 1, :context] for row in range(rows)])
     timings: dict[int, list[float]] = {k: [] for k in ks}
     for repeat in range(repeats + 1):  # the first pass warms up and is not counted
         for k in ks:
-            seconds = timed(lambda: target.verify(ids[:, context:context + k + 1], starts, cache.cache),
-                            target.device)
+            chains = [Proposal(tokens=ids[row, context + 1:context + k + 1]) for row in range(rows)]
+            seconds = timed(lambda: cache.verify(anchors, starts, chains), target.device)
             if repeat:
                 timings[k].append(seconds)
             cache.crop(context)  # every row has the same length, so a common crop is each row's
+    cache.close()
     return {k: statistics.median(values) for k, values in timings.items()}
 
 
-def timed_costs(target: Target, max_rows: int, max_k: int) -> dict[tuple[int, int], float]:
+def timed_costs(target: TargetModel, max_rows: int, max_k: int) -> dict[tuple[int, int], float]:
     """{(rows, k): seconds} at `row_points(max_rows)` x `k_points(max_k)`, each point timed once per target."""
     table = _TIMED.setdefault(target, {})
     for rows in row_points(max_rows):
@@ -159,7 +160,7 @@ class VerifyCost:
         self.table = np.array([[table[rows, k] for k in self.ks_timed] for rows in self.rows_timed])  # (rows, ks)
 
     @classmethod
-    def measured(cls, target: Target, max_rows: int, max_k: int) -> "VerifyCost":
+    def measured(cls, target: TargetModel, max_rows: int, max_k: int) -> "VerifyCost":
         return cls(timed_costs(target, max_rows, max_k), max_rows, max_k)
 
     def curve(self, rows: int = 1) -> np.ndarray:
@@ -176,7 +177,7 @@ class TargetVerifyCost:
     """t_R(k) of one target at any row count: a `VerifyCost` timed at `row_points(R)` the first time a round
     over more rows than it covers asks (each point timed once per target, `timed_costs`)."""
 
-    def __init__(self, target: Target, max_k: int):
+    def __init__(self, target: TargetModel, max_k: int):
         self.target, self.max_k, self.max_rows = target, max_k, 1
         self.cost = VerifyCost.measured(target, 1, max_k)
 
@@ -196,7 +197,7 @@ def rows_curve(curve: VerifyCost | TargetVerifyCost | Sequence[float] | Mapping[
     return lambda k, rows=1: one_row(k)
 
 
-def tree_cost_curve(verify_cost, target: Target | None, max_nodes: int) -> Callable[[float, int], float]:
+def tree_cost_curve(verify_cost, target: TargetModel | None, max_nodes: int) -> Callable[[float, int], float]:
     """A measured tree budget's t(k, rows): `verify_cost` as `rows_curve` reads it, else timed on `target`."""
     if verify_cost is None:
         if target is None:

@@ -19,10 +19,9 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from .proposal import Drafter, NoDrafter, Proposal
-from ..target import Target
+from .target import TargetModel
 from ..timing import synchronize
 from .accept import accept
-from .cache import open_cache
 from .rows import batch_drafter
 from .sampling import choose
 from .tree import depths as tree_depths
@@ -69,7 +68,7 @@ def _token_probs(proposal: Proposal) -> list[float] | None:
     return probs.tolist() if probs is not None else None
 
 
-def _check_request(target: Target, prompt_ids: torch.Tensor, max_new_tokens: int, lookahead: int) -> None:
+def _check_request(target: TargetModel, prompt_ids: torch.Tensor, max_new_tokens: int, lookahead: int) -> None:
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] != 1:
         raise ConfigError(f"prompt_ids must have shape (1, n), got {tuple(prompt_ids.shape)}")
     if prompt_ids.shape[1] == 0:
@@ -104,7 +103,7 @@ def cut_at_stop(new_tokens: list[int], stops: set[int], room: int) -> tuple[list
 
 
 @torch.inference_mode()
-def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: torch.Tensor, *,
+def speculative_generate(target: TargetModel, drafter: Drafter | None, prompt_ids: torch.Tensor, *,
                          max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                          stop_token_ids: Iterable[int] = (), seed: int | None = 0,
                          num_proposals: int | str | None = None, record_q: bool = False) -> GenerationResult:
@@ -119,7 +118,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, prompt_ids: to
                   stop_token_ids=stop_token_ids, seeds=[seed], num_proposals=num_proposals, record_q=record_q)[0]
 
 
-def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *,
+def batch_generate(target: TargetModel, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *,
                    max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
                    stop_token_ids: Iterable[int] = (), seeds: Sequence[int | None] | None = None,
                    num_proposals: int | str | None = None, record_q: bool = False,
@@ -142,7 +141,7 @@ def batch_generate(target: Target, drafter: Drafter | None, prompts: Sequence[to
                   max_batch=max_batch)
 
 
-def _check_run(target: Target, drafter: Drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int,
+def _check_run(target: TargetModel, drafter: Drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int,
                seeds: Sequence[int | None], num_proposals: int | str | None, max_batch: int | None) -> int:
     """Refuse a malformed run; returns the most tokens a row may propose per round."""
     if len(prompts) == 0:
@@ -199,7 +198,7 @@ class _Requests:
 
 
 @torch.inference_mode()
-def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *, max_new_tokens: int,
+def decode(target: TargetModel, drafter: Drafter | None, prompts: Sequence[torch.Tensor], *, max_new_tokens: int,
            sampling: SamplingConfig, stop_token_ids: Iterable[int], seeds: Sequence[int | None],
            num_proposals: int | str | None, record_q: bool, max_batch: int | None = None) -> list[GenerationResult]:
     """The loop itself; `seeds[r]` seeds prompt r's generator (None: the global one). `num_proposals`: the
@@ -213,7 +212,7 @@ def decode(target: Target, drafter: Drafter | None, prompts: Sequence[torch.Tens
     width_rule = CostAwareWidth(target, proposals, slots) if num_proposals == "measured" and proposals else None
     drafters = batch_drafter(drafter, len(prompts))
     requests = _Requests(prompts, max_new_tokens, proposals, seeds, set(int(t) for t in stop_token_ids))
-    results, cache = requests.results, open_cache(target, drafter.target_layer_ids)
+    results, cache = requests.results, target.open_rows(drafter.target_layer_ids)
     waiting = list(range(len(prompts)))  # prompts not started, in order
     t_decode, round_number = None, 0
     while cache.rows or waiting:

@@ -37,7 +37,7 @@ import numpy as np
 
 from .cost import VerifyCost, best_prefix
 from .proposal import Proposal
-from ..target import Target
+from .target import TargetModel
 
 PROBE_EVERY = 8
 PRIOR_ROUNDS = 2.0  # pseudo-rounds of the prior on each slot's acceptance
@@ -46,7 +46,7 @@ PRIOR_ROUNDS = 2.0  # pseudo-rounds of the prior on each slot's acceptance
 class CostAwareWidth:
     """Each round's proposals per row (see the module doc); one per decoding run."""
 
-    def __init__(self, target: Target, max_proposals: int, max_rows: int):
+    def __init__(self, target: TargetModel, max_proposals: int, max_rows: int):
         self.max_proposals = max_proposals
         self.verify_cost = VerifyCost.measured(target, max_rows, max_proposals)
         self.reached = np.zeros(max(1, max_proposals))

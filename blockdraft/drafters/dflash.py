@@ -25,7 +25,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ..config import ConfigError, DFlashConfig, SamplingConfig
 from ..decode.sampling import choose
-from ..target import Target
+from ..decode.target import TargetModel
 from ..decode.proposal import Proposal
 from .dflash2 import BlockConv, CandidateSelector
 from .dflash_rows import ContextCache, DFlashRows
@@ -215,7 +215,7 @@ class DFlashDrafter:
     (`dflash_rows.py`), so batch 1 and batch R share one context cache and one block pass.
     """
 
-    def __init__(self, model: DFlashDraftModel, target: Target):
+    def __init__(self, model: DFlashDraftModel, target: TargetModel):
         config = model.config
         check_compatible(config, target)
         self.model = model
@@ -277,7 +277,7 @@ class DFlashDrafter:
 class DraftHead:
     """The target's frozen LM head, restricted to the draft vocabulary when there is one."""
 
-    def __init__(self, target: Target, vocab_map: VocabMap | None, output_multiplier: float | None = None):
+    def __init__(self, target: TargetModel, vocab_map: VocabMap | None, output_multiplier: float | None = None):
         self.target = target
         self.vocab_map = vocab_map
         self.vocab_size = target.vocab_size
@@ -335,7 +335,7 @@ class DraftHead:
         return mapped.clamp(min=0), mask * inside.to(mask.dtype)
 
 
-def check_compatible(config: DFlashConfig, target: Target) -> None:
+def check_compatible(config: DFlashConfig, target: TargetModel) -> None:
     """Refuse a drafter built for another target, naming what differs."""
     problems = []
     if config.hidden_size != target.hidden_size:

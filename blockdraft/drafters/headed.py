@@ -27,7 +27,7 @@ import torch
 
 from ..config import ConfigError, SamplingConfig
 from ..decode.sampling import choose
-from ..target import Target
+from ..decode.target import TargetModel
 from ..timing import elapsed
 from ..decode.proposal import Proposal
 from .dflash import DFlashDrafter
@@ -76,7 +76,7 @@ class HeadedDrafter:
         return self.backbone.config
 
     @property
-    def target(self) -> Target:
+    def target(self) -> TargetModel:
         return self.backbone.target
 
     def heads(self) -> dict[str, torch.nn.Module]:

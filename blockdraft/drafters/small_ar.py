@@ -6,9 +6,9 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import ConfigError, SamplingConfig
-from ..decode.cache import open_cache
 from ..decode.sampling import choose
-from ..target import Target, load_target
+from ..decode.target import TargetModel
+from ..targets import load_target
 from ..decode.proposal import Proposal
 
 
@@ -17,7 +17,7 @@ class SmallARDrafter:
 
     target_layer_ids: tuple[int, ...] = ()
 
-    def __init__(self, model: Target | PreTrainedModel | str, target: Target, num_proposals: int = 4):
+    def __init__(self, model: TargetModel | PreTrainedModel | str, target: TargetModel, num_proposals: int = 4):
         self.model = load_target(model, dtype=target.dtype, device=target.device)
         if self.model.vocab_size != target.vocab_size:
             raise ConfigError(
@@ -35,8 +35,8 @@ class SmallARDrafter:
         return SmallARDrafter(self.model, self._target, num_proposals=self.max_proposals)
 
     def reset(self, prompt_ids: torch.Tensor, prompt_features: torch.Tensor | None) -> None:
-        self.cache = open_cache(self.model)  # the draft model's own cache
-        self.model.forward(prompt_ids, 0, self.cache.cache, logits_to_keep=1)
+        self.cache = self.model.open_rows()  # the draft model's own cache
+        self.cache.forward(prompt_ids, 0, logits_to_keep=1)
         self.cached_tokens = prompt_ids[0].tolist()
 
     @torch.inference_mode()
@@ -56,7 +56,7 @@ class SmallARDrafter:
         pending = ids[:, keep:]  # committed tokens the draft has not seen, ending with the anchor
         tokens, dists, logits = [], [], []
         for _ in range(min(num_proposals, self.max_proposals)):
-            out = self.model.forward(pending, len(self.cached_tokens), self.cache.cache, logits_to_keep=1)
+            out = self.cache.forward(pending, len(self.cached_tokens), logits_to_keep=1)
             self.cached_tokens.extend(pending[0].tolist())
             token, probs = choose(out.logits[0, -1], sampling, generator, argmax=sampling.draft_argmax)
             logits.append(out.logits[0, -1])

@@ -40,7 +40,7 @@ from ..config import ConfigError, SamplingConfig
 from ..decode.cost import VerifyCost, best_prefix, tree_cost_curve
 from ..decode.rows import TreeRows
 from ..decode.tree import TreeBuilder, best_first_tree
-from ..target import Target
+from ..decode.target import TargetModel
 from .selector_tree import SelectorTree
 from ..decode.proposal import Drafter, Proposal
 
@@ -49,7 +49,7 @@ MEASURED_MAX_NODES = 64
 _ARGMAX = SamplingConfig(temperature=0.0)
 
 
-def as_tree(drafter: Drafter, budget: int | str | None, target: Target, *,
+def as_tree(drafter: Drafter, budget: int | str | None, target: TargetModel, *,
             labels: Sequence[str] | None = None) -> Drafter:
     """`drafter` itself for budget None (chains); else a tree drafter over it: for a DFlash 2 drafter with a
     candidate selector and a budget of N nodes, DDTree over the selector's conditional scores
@@ -82,7 +82,7 @@ class TreeDrafter:
     """Several drafters (or one) proposing one draft tree per round; see the module doc."""
 
     def __init__(self, sources: Drafter | Sequence[Drafter], budget: int | str = 32, *,
-                 labels: Sequence[str] | None = None, target: Target | None = None,
+                 labels: Sequence[str] | None = None, target: TargetModel | None = None,
                  verify_cost: VerifyCost | dict[int, float] | Callable[[int], float] | None = None,
                  max_nodes: int = MEASURED_MAX_NODES, keep_chain: bool = False, fallback: bool = False):
         sources = [sources] if not isinstance(sources, (list, tuple)) else list(sources)

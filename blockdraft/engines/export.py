@@ -21,7 +21,8 @@ from ..checkpoints.export import export_drafter
 from ..config import ConfigError
 from ..files import check_out_dir
 from ..shipped import resolve_drafter, shipped_names
-from ..target import load_target, resolve_model_path
+from ..targets import load_target
+from ..targets.transformers import resolve_model_path
 from .llamacpp_export import RUNS_HEADS, export_drafter_gguf
 
 #: the export options, by the flag that sets them
@@ -46,7 +47,7 @@ def write_folder(drafter: str, out: str, consumer: str, *, target: str | None, o
         raise ConfigError(f"drafter folder {drafter} does not exist (shipped drafters by name: {shipped_names()})")
     check_out_dir(out, "drafter", overwrite=overwrite,
                   protect=[drafter, resolve_model_path(target) if target else None])
-    loaded = load_target(target) if target else None  # its stored dtype: the tables it lends stay exact
+    loaded = load_target(target, engine="transformers") if target else None  # its stored dtype: the tables it lends stay exact
     notes = export_drafter(drafter, out, consumer, target=loaded, full_vocab=full_vocab, overwrite=overwrite)
     return notes, f"wrote {out} for {consumer}"
 

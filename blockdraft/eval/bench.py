@@ -59,7 +59,7 @@ from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_type
 from ..decode.cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_input, check_location, parse_json, write_json_atomic
-from ..target import default_device, native_bf16
+from ..devices import default_device, native_bf16
 from ..targets import load_target
 from .batch_bench import check_methods, measure_batches, pending_batches
 from .methods import build_runners, parse_method

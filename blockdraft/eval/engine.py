@@ -16,7 +16,8 @@ from ..checkpoints import init_drafter
 from ..config import ConfigError
 from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
 from ..drafters.tree import as_tree
-from ..target import Target, pick_device
+from ..decode.target import TargetModel
+from ..devices import pick_device
 from ..targets import load_target
 from ..tiny import tiny_target
 from .bench import render_chat
@@ -28,7 +29,7 @@ def _prompt_ids(target, text: str) -> torch.Tensor:
     return torch.tensor([render_chat(target.tokenizer, [{"role": "user", "content": text}])])
 
 
-def engine_drafter(target: Target, *, method: str | None, drafter: str | None, draft_model: str | None,
+def engine_drafter(target: TargetModel, *, method: str | None, drafter: str | None, draft_model: str | None,
                    layers: int, block_size: int, num_proposals: int | None, tree: int | str | None):
     """(drafter, label, proposals per round): a spec of the drafter registry, `method` or the `dflash:` /
     `small-ar:` spec that `drafter` / `draft_model` stand for (with `tree=`, `proposals=`), or without either a

@@ -45,7 +45,7 @@ from .. import generate, generate_batch
 from ..config import ConfigError, SamplingConfig
 from ..drafter_spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
                              drafters_help, parse_spec, split_kind)
-from ..target import Target
+from ..decode.target import TargetModel
 from ..timing import elapsed, synchronize, timed
 from .llamacpp_runner import build_llamacpp_runner, parse_llamacpp
 from .measurement import Measurement
@@ -139,7 +139,7 @@ class LoopRunner:
 
     method: str
     block_size: int | None  # B = K + 1 proposals per round; None for `ar`
-    target: Target
+    target: TargetModel
     drafter: Any  # a Drafter, or None for plain decoding
     sampling: SamplingConfig
     record_q: bool = True
@@ -188,9 +188,9 @@ class HFRunner:
     """`hf-assisted` and `hf-prompt-lookup`: transformers' own assisted generation, as users run it."""
 
     method: str
-    target: Target
+    target: TargetModel
     sampling: SamplingConfig
-    assistant: Target | None = None
+    assistant: TargetModel | None = None
     lookup_tokens: int | None = None
     block_size: int | None = None  # HF peers keep their own candidate schedule
 
@@ -238,8 +238,8 @@ class HFRunner:
                            target_calls=calls[0], generate_s=_round_time(generate_s))
 
 
-def _loop_runners(name: str, block_sizes: tuple[int, ...] | None, target: Target, sampling: SamplingConfig,
-                  record_q: bool, models: dict[str, Target]) -> tuple[list[LoopRunner], dict]:
+def _loop_runners(name: str, block_sizes: tuple[int, ...] | None, target: TargetModel, sampling: SamplingConfig,
+                  record_q: bool, models: dict[str, TargetModel]) -> tuple[list[LoopRunner], dict]:
     """A drafter spec's runners: one per block size for the kinds `--block-size` applies to, else one."""
     spec = parse_spec(name)
     kind = DRAFTERS[spec.kind]
@@ -267,7 +267,7 @@ def _loop_runners(name: str, block_sizes: tuple[int, ...] | None, target: Target
     return runners, info
 
 
-def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None, target: Target,
+def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None, target: TargetModel,
                   sampling: SamplingConfig, *, record_q: bool = True,
                   log_dir=None) -> tuple[list, dict[str, dict]]:
     """Load every drafter once and return (runners in run order, per-method descriptions).
@@ -276,7 +276,7 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
     per block size, and a block size larger than a DFlash drafter's own (B - 1 > its max proposals) is
     refused.
     """
-    models: dict[str, Target] = {}  # a draft model loaded once, shared by small-ar, hybrids and hf-assisted
+    models: dict[str, TargetModel] = {}  # a draft model loaded once, shared by small-ar, hybrids and hf-assisted
     runners, info = [], {}
     for text in methods:
         spec = parse_method(text)

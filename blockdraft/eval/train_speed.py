@@ -21,7 +21,8 @@ from ..config import default_target_layer_ids
 from ..data.anchors import sample_anchors
 from ..data.conversations import TokenizedDataset
 from ..losses import get_loss
-from ..target import load_target, pick_device
+from ..devices import pick_device
+from ..targets import load_target
 from ..timing import timed
 from ..train.blocks import build_blocks
 from ..train.forward import block_logits
@@ -49,7 +50,7 @@ def bench_train(target: str, *, data: str | None = None, objectives: Sequence[st
                 device: str | None = None) -> dict:
     """Median step time per objective on one fixed batch, training throughput and peak RSS (a JSON-able dict)."""
     device = pick_device(device)
-    target = load_target(target, dtype=dtype, device=device)
+    target = load_target(target, dtype=dtype, device=device, engine="transformers")
     input_ids, loss_mask, dataset = _batch(target, data, seq_len, block_size)
     draft_vocab = None
     if draft_vocab_size:

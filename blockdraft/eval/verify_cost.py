@@ -18,8 +18,7 @@ import gc
 
 from ..config import ConfigError
 from ..decode.cost import measure_verify_cost
-from ..engines.gguf_target import is_gguf
-from ..targets import load_target
+from ..targets import engine_for, load_target
 
 
 def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 8, 16), repeats: int = 3,
@@ -29,7 +28,7 @@ def verify_cost_table(target: str, *, dtypes=("bf16", "fp32"), tokens=(1, 2, 4, 
         raise ConfigError(f"need tokens >= 1, repeats >= 1 and context >= 1; got tokens {list(tokens)}, "
                           f"repeats {repeats}, context {context}")
     ks = sorted({k - 1 for k in tokens} | {0})  # measure_verify_cost times k proposals + 1 bonus slot
-    if is_gguf(target):  # a GGUF target runs the file's own weight types: one row set, named by the file
+    if not engine_for(target).casts_weights:  # a GGUF target runs the file's own weight types: one row set, named by the file
         dtypes = (None,)
     seconds: dict[str, dict[int, float]] = {}
     for dtype in dtypes:  # one model in memory at a time

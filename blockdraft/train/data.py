@@ -13,7 +13,7 @@ from ..data.conversations import TokenizedDataset
 from ..data.split import fixed_split, split_dataset
 from ..losses import reads
 from ..runs import find_data
-from ..target import Target
+from ..targets.transformers import Target
 from .config import TrainConfig
 from .distributed import Distributed
 from .features import FeatureCache, cache_features

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..target import Target
+from ..targets.transformers import Target
 from .blocks import Blocks, block_attention_mask
 
 

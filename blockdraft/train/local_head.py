@@ -35,7 +35,7 @@ from ..drafters.local_head import (DEFAULT_GRU_HIDDEN, DEFAULT_LOCAL_BLOCK, DEFA
                                    LOCAL_VARIANTS, MAX_FUSION_WEIGHT, LocalHead, LocalHeadConfig, UnigramPrior,
                                    count_loss_tokens, find_fusion_head, tokenizer_fingerprint)
 from ..losses import LossKnobs, decay, decay_weights, uniform
-from ..target import load_target
+from ..targets import load_target
 from .batch import teacher_forced_batch
 from .blocks import build_blocks
 from .checkpoint import TrainingError
@@ -190,7 +190,8 @@ def train_local_head(config: LocalHeadTrainConfig, *, progress: bool = True) -> 
     head, write the local head folder atomically. Returns the folder."""
     if not (config.target and config.data and config.out_dir):
         raise ConfigError("train-local-head needs target, data and out_dir")
-    target = load_target(config.target, dtype=config.target_dtype, device=config.device)
+    target = load_target(config.target, dtype=config.target_dtype, device=config.device,
+                         engine="transformers")
     if target.tokenizer is None:
         raise ConfigError(f"{target.name} has no tokenizer: the local head trains on text tokenised by the target's "
                           f"own tokenizer")

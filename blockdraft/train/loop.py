@@ -37,7 +37,9 @@ from ..drafters.headed import HeadedDrafter
 from ..files import LOCK_NAME, check_out_dir, folder_lock, read_json_lines, write_text_atomic
 from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss, selector_ce, selector_weight, with_selector
 from ..runs import default_run_dir
-from ..target import Target, load_target, pick_device
+from ..devices import pick_device
+from ..targets import load_target
+from ..targets.transformers import Target
 from .batch import TeacherForcedBatch, teacher_forced_batch
 from .checkpoint import (TrainingError, check_room_for_run, check_same_data, latest_checkpoint, load_train_state,
                          save_checkpoint)
@@ -202,7 +204,8 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
     """Target, data, drafter (new, from `drafter_init` or resumed), heads, optimizer and objective."""
     torch.manual_seed(config.seed)
     out_dir = Path(config.out_dir)
-    target = target if target is not None else load_target(config.target, dtype=config.target_dtype, device=device)
+    target = target if target is not None else load_target(config.target, dtype=config.target_dtype,
+                                                                           device=device, engine="transformers")
 
     start_step, state, resume_from = 0, None, None
     previous = latest_checkpoint(out_dir)

@@ -23,7 +23,8 @@ from ..config import ConfigError, default_target_layer_ids
 from ..files import check_out_dir
 from ..data.conversations import TokenizedDataset
 from ..runs import default_cache_dir, default_run_dir, find_data
-from ..target import load_target, pick_device
+from ..devices import pick_device
+from ..targets import load_target
 from .config import DEFAULT_CACHE_TOPK, TrainConfig
 from .data import run_dataset
 from .features import cache_features
@@ -46,7 +47,7 @@ def build_cache(config: TrainConfig, *, out: str | None = None, logprob_dtype: t
     out_dir defaulting under $BLOCKDRAFT_HOME/runs), else a folder under $BLOCKDRAFT_HOME/features named
     by target, data, layers and k. Returns (cache, report)."""
     device = pick_device(config.device, field="device")
-    target = load_target(config.target, dtype=config.target_dtype, device=device)
+    target = load_target(config.target, dtype=config.target_dtype, device=device, engine="transformers")
     if target.tokenizer is None:
         raise ConfigError(f"target {config.target} has no tokenizer: caching needs it to template conversations")
     if from_recipe:  # the conversations the recipe's run reads (train_conversations / split narrow them)

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 import blockdraft
 from blockdraft.checkpoints import export_drafter, init_drafter, load_drafter, save_drafter
 from blockdraft.config import ConfigError
-from blockdraft.target import Target
+from blockdraft.targets.transformers import Target
 from blockdraft.tiny import tiny_config, tiny_target
 from blockdraft.train.quick import quick_fit
 from helpers import assert_same_proposals, own_text, prompts

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 import blockdraft
 from blockdraft.checkpoints import export_drafter, init_drafter
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 from blockdraft.tiny import tiny_config
 from blockdraft.train.quick import quick_fit
 from helpers import own_text, prompts

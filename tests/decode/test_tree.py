@@ -15,7 +15,8 @@ from blockdraft.decode.proposal import Proposal
 from blockdraft.drafters.lookup import CorpusIndex, LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from blockdraft.drafters.tree import TreeDrafter
-from blockdraft.decode.cache import TargetCache
+from blockdraft.targets import kv_rows
+from blockdraft.targets.transformers import TargetCache
 from helpers import init_drafter, pin_verify_costs, prompts, tiny_target, trained_drafter
 from chi_square import (SAMPLING, break_tree_walk, chi_square_p, draw_rows, exact_joint, make_target,
                         own_text_prompt, same_as_batch_one, slot_two_rounds)
@@ -121,7 +122,7 @@ def test_tree_round_leaves_the_cache_of_the_committed_chain(targets, arch):
     start = prompt.shape[1] - 1
     out = target.verify(torch.cat([prompt[:, -1:], tokens[None]], dim=1), torch.tensor([start]), kept.cache,
                         _over_anchor(parents), (1,))
-    kept.keep_tree_path(tokens.shape[0], path)
+    kv_rows.keep_tree_path(kept.cache, tokens.shape[0], path)
     kept.crop(start + 1 + len(path))
     cache = kept.cache
     chain_cache, chain_out = _run_chain(target, prompt, tokens[path])

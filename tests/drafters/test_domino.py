@@ -263,7 +263,7 @@ def test_domino_ft_freezes_the_backbone_and_the_head_learns(chat, tmp_path, targ
     saved = json.loads((final / "config.json").read_text())
     assert set(saved["heads"]) == {"domino"} and saved["architectures"] == ["DFlashDraftModel"]
     # The trained checkpoint loads with its head and decodes losslessly on its own target.
-    from blockdraft.target import load_target
+    from blockdraft.targets import load_target
 
     chat_target = load_target(common["target"], dtype="fp32")
     drafter = load_drafter(final, chat_target)

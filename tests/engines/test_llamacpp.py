@@ -595,7 +595,7 @@ def real_tokenizer_target(root: Path, arch: str = "qwen3", *, layers: int = 2, h
 def test_exported_gguf_reads_back_with_dflash_metadata(tmp_path):
     _converter_or_skip()
     from blockdraft.checkpoints import save_drafter
-    from blockdraft.target import Target
+    from blockdraft.targets.transformers import Target
 
     model, _, folder = real_tokenizer_target(tmp_path)
     target = Target(model.eval(), name=str(folder))

@@ -36,7 +36,7 @@ from blockdraft.engines.llamacpp import EngineError, find_llamacpp
 from blockdraft.engines.llamacpp_export import convert_target_gguf, export_drafter_gguf
 from blockdraft.engines.llamacpp_server import LlamaServer, Timings
 from blockdraft.eval.llamacpp_runner import parse_llamacpp, server_arguments
-from blockdraft.target import Target
+from blockdraft.targets.transformers import Target
 from blockdraft.train.quick import quick_fit, train_heads
 from helpers import headed
 from test_llamacpp import real_tokenizer_target

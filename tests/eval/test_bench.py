@@ -11,7 +11,7 @@ from blockdraft.eval import metrics as M
 from blockdraft.eval.metrics import batch_summary
 from blockdraft.eval.bench import BenchConfig
 from blockdraft.config import ConfigError
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 from chat_fixtures import save_tiny_chat_model
 
 
@@ -356,7 +356,7 @@ def test_batch_sizes_refuse_methods_outside_our_loop():
 def test_dtype_auto_is_the_default_chosen_by_the_machine_and_recorded(assets, tmp_path, capsys):
     """bf16 only where the hardware computes it natively (else fp32, where emulated bf16 makes a verify
     pass cost several one-token steps); the choice is in results.json and the report says why."""
-    from blockdraft.target import native_bf16
+    from blockdraft.devices import native_bf16
 
     assert BenchConfig(target="t", methods=("ar",), datasets=("gsm8k",)).dtype == "auto"
     out = tmp_path / "auto"

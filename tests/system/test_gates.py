@@ -26,7 +26,7 @@ from blockdraft.cli import main
 from blockdraft.config import ConfigError
 from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.files import LOCK_NAME
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 from chat_fixtures import save_tiny_chat_model
 
 from helpers import write_chat_jsonl

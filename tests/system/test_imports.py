@@ -89,7 +89,7 @@ def test_no_import_circles():
 
 def unit(module: str) -> str:
     """The layer a module belongs to: its top-level folder (`decode`, `drafters`, ...) or, for a top-level
-    module, itself (`blockdraft.target`)."""
+    module, itself (`blockdraft.tiny`)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -134,9 +134,17 @@ def test_the_rules_see_a_tie_and_a_by_name_import(tmp_path):
     assert by_name_imports(probe) == [4]
 
 
-def test_the_target_adapter_imports_nothing_above_it():
-    above = ("blockdraft.decode", "blockdraft.drafters", "blockdraft.eval")
-    assert not [module for module in GRAPH["blockdraft.target"] if module.startswith(above)]
+def test_the_target_engines_import_nothing_above_them():
+    """`targets/` implements `decode/target.py`'s protocol and may import it; nothing else of `decode/` nor
+    anything above (drafters, measurement, the CLI), and `decode/` never imports `targets/`: the loop
+    receives a target object."""
+    above = ("blockdraft.decode", "blockdraft.drafters", "blockdraft.eval", "blockdraft.cli", "blockdraft.drafter_spec")
+    engines = [name for name in GRAPH if name.startswith("blockdraft.targets")]
+    assert len(engines) >= 4
+    assert not [(name, module) for name in engines for module in GRAPH[name]
+                if module.startswith(above) and module != "blockdraft.decode.target"]
+    assert not [(name, module) for name, imported in GRAPH.items() if name.startswith("blockdraft.decode")
+                for module in imported if module.startswith("blockdraft.targets")]
 
 
 # ------------------------------------------------------------------ function-local imports

@@ -8,7 +8,7 @@ from blockdraft.config import ConfigError
 from blockdraft.eval.report import MIN_PROMPTS
 from blockdraft.quickstart import (BENCH_TOKENS, STEPS_PER_CONVERSATION, Plan, Throughput, bench_share,
                                    probe_throughput, run_quickstart, write_summary)
-from blockdraft.target import native_bf16
+from blockdraft.devices import native_bf16
 from chat_fixtures import save_tiny_chat_model
 from helpers import write_chat_jsonl
 

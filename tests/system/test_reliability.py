@@ -16,7 +16,7 @@ from blockdraft.checkpoints import init_drafter, load_drafter, load_drafter_mode
 from blockdraft.cli import main
 from blockdraft.config import ConfigError
 from blockdraft.files import LOCK_NAME, folder_lock
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 from chat_fixtures import save_tiny_chat_model
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import train

@@ -267,7 +267,7 @@ def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
     assert len(evals[-1]["eval"]["per_position_accuracy"]) == 3
     from blockdraft.train.data import TrainingData
     from blockdraft.train.distributed import Distributed
-    from blockdraft.target import load_target
+    from blockdraft.targets import load_target
     data = TrainingData(config, load_target(config.target, dtype="fp32"), (1,), Distributed())
     assert not set(data.heldout) & set(data.train_ids) and len(data.heldout) == 3
     with pytest.raises(ConfigError, match="heldout"):
@@ -275,7 +275,7 @@ def test_heldout_evaluation_is_logged_and_never_trained_on(setup, tmp_path):
 
 
 def test_train_conversations_nest_and_keep_the_heldout_set(setup, tmp_path):
-    from blockdraft.target import load_target
+    from blockdraft.targets import load_target
     from blockdraft.train.data import TrainingData
     from blockdraft.train.distributed import Distributed
 
@@ -299,7 +299,7 @@ def test_train_conversations_nest_and_keep_the_heldout_set(setup, tmp_path):
 
 
 def test_draft_vocabulary_is_counted_on_training_conversations_only(setup, tmp_path):
-    from blockdraft.target import load_target
+    from blockdraft.targets import load_target
     from blockdraft.train.data import TrainingData
     from blockdraft.train.distributed import Distributed
     from blockdraft.train.vocab import draft_vocabulary

@@ -1,6 +1,6 @@
 """Target pass cost for R rows x n tokens on a ~150-token past (bf16, 1 thread): the crossover's cause."""
 import json, sys, time, torch
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 torch.set_num_threads(1)
 t = load_target("qwen2.5-coder-0.5b-instruct", dtype="bf16", device="cpu")
 out = {}

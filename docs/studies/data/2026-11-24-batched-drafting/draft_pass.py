@@ -11,7 +11,7 @@ import torch
 
 from blockdraft.checkpoints import load_drafter
 from blockdraft.config import SamplingConfig
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 
 torch.set_num_threads(1)
 target = load_target("qwen2.5-coder-0.5b-instruct", dtype="bf16")

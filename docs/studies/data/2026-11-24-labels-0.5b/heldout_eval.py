@@ -12,7 +12,7 @@ import torch
 
 from blockdraft.checkpoints import load_drafter_model
 from blockdraft.drafters.dflash import DFlashDrafter
-from blockdraft.target import load_target
+from blockdraft.targets import load_target
 from blockdraft.train.config import TrainConfig
 from blockdraft.train.loop import Distributed, TrainingData, evaluate_heldout
 

@@ -137,7 +137,7 @@ def score(S: Path, which: str, n: int) -> None:
     def work():
         from blockdraft.checkpoints import load_drafter_model
         from blockdraft.drafters.dflash import DFlashDrafter
-        from blockdraft.target import load_target
+        from blockdraft.targets import load_target
         from blockdraft.train.config import TrainConfig
         from blockdraft.train.data import TrainingData
         from blockdraft.train.distributed import Distributed
@@ -169,7 +169,7 @@ def plan(S: Path, sizes: list[int]) -> None:
 
     from blockdraft.data.split import fixed_split, split_dataset
     from blockdraft.runs import find_data
-    from blockdraft.target import resolve_model_path
+    from blockdraft.targets.transformers import resolve_model_path
     from blockdraft.train.config import TrainConfig
     from blockdraft.train.features import bytes_per_token
 

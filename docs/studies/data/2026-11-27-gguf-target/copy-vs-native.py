@@ -1,6 +1,5 @@
 import torch
-from blockdraft.engines.gguf_target import GGUFTarget
-from blockdraft.decode.cache import open_cache
+from blockdraft.targets.gguf import GGUFTarget
 S = "/root/.cache/blockdraft/studies/gguf-target"
 E = "/root/.cache/blockdraft/engines/llama.cpp/gguf"
 pairs = {"f16": (f"{S}/q05-f16.gguf", f"{E}/q05-f16-as-llama.gguf"),
@@ -12,7 +11,7 @@ for name, (a, b) in pairs.items():
     outs = []
     for path in (a, b):
         t = GGUFTarget(path, threads=1)
-        out = t.verify(ids, torch.tensor([0]), open_cache(t).cache)
+        out = t.open_rows().forward(ids, 0)
         outs.append(out.logits[0].float())
         del t
     d = (outs[0] - outs[1]).abs()

@@ -1,14 +1,13 @@
 import torch
-from blockdraft.engines.gguf_target import GGUFTarget
-from blockdraft.decode.cache import open_cache
+from blockdraft.targets.gguf import GGUFTarget
 S = "/root/.cache/blockdraft/studies/gguf-target"
 files = {"f16": f"{S}/q05-f16.gguf", "q8_0": f"{S}/q05-q8_0.gguf",
          "q4_k_m": "/root/.cache/blockdraft/gguf/qwen2.5-coder-0.5b-instruct.gguf"}
 ids = torch.randint(100, 20000, (1, 96), generator=torch.Generator().manual_seed(0))
 for name, path in files.items():
     t = GGUFTarget(path, threads=1)
-    whole = t.verify(ids, torch.tensor([0]), open_cache(t).cache).logits[0].float()
-    cache = open_cache(t)
+    whole = t.open_rows().forward(ids, 0).logits[0].float()
+    cache = t.open_rows()
     first = t.verify(ids[:, :48], torch.tensor([0]), cache.cache).logits[0].float()
     second = t.verify(ids[:, 48:], torch.tensor([48]), cache.cache).logits[0].float()
     split = torch.cat([first, second])

@@ -10,7 +10,7 @@ Markov/confidence, lookup, small-AR from the target or a perturbed copy, hybrids
 random shape (chain, num_proposals K or "measured", tree 1/5/16/"measured", generate_batch max_batch None/1/2).
 For qwen3 targets the same weights are also written as an F32 GGUF and a subset runs on llama.cpp's kernels,
 compared with the GGUF's own plain greedy up to the first step whose top-2 logit gap is below 2e-3 (llama.cpp's
-multi-token pass sums in another order than its one-token step; tests/test_gguf_target.py::assert_plain).
+multi-token pass sums in another order than its one-token step; tests/targets/test_gguf.py::assert_plain).
 
 --sabotage replaces the acceptance rule by one that accepts one drafted token more than the rule allows (a chain's
 first rejected token is kept): the fuzz must then report mismatches.
@@ -41,7 +41,7 @@ from blockdraft.drafter_spec import BuildContext, build_drafter, parse_spec  # n
 from blockdraft.drafters.confidence import ConfidenceHead  # noqa: E402
 from blockdraft.drafters.markov import MarkovHead  # noqa: E402
 from blockdraft.drafters.small_ar import SmallARDrafter  # noqa: E402
-from blockdraft.target import Target  # noqa: E402
+from blockdraft.targets.transformers import Target  # noqa: E402
 from blockdraft.tiny import tiny_target  # noqa: E402
 from blockdraft.train.quick import quick_fit  # noqa: E402
 from helpers import headed  # noqa: E402

@@ -46,7 +46,7 @@ def build():
 def setup(build, tmp_path_factory):
     """A tiny Qwen3 target (transformers), its F32 GGUF loaded as a GGUFTarget, a DFlash drafter fitted on the
     transformers target's text and saved, and the prompts with the GGUF's plain greedy continuations."""
-    from blockdraft.engines.gguf_target import GGUFTarget
+    from blockdraft.targets.gguf import GGUFTarget
 
     root = tmp_path_factory.mktemp("gguf")
     hf = tiny_target("qwen3")
@@ -78,8 +78,8 @@ def accepted(results) -> int:
 def test_logits_and_features_match_transformers(setup):
     hf, gguf = setup["hf"], setup["gguf"]
     ids = setup["prompts"][0]
-    cache = gguf.open_cache((1, 2))
-    out = gguf.forward(ids, 0, cache, layer_ids=(1, 2))
+    cache = gguf.open_rows((1, 2))
+    out = cache.forward(ids, 0)
     cache.close()
     reference = hf.model(ids, output_hidden_states=True)
     assert torch.allclose(out.logits[0], reference.logits[0], atol=2e-2, rtol=1e-3)
@@ -210,10 +210,8 @@ def test_bad_inputs_are_named(setup, tmp_path):
         load_target(setup["root"] / "target-f32.gguf", device="cuda")
     with pytest.raises(ConfigError, match="options of a GGUF target"):
         load_target(setup["hf"].model, threads=2)
-    from blockdraft.target import load_target as load_transformers_target  # init-drafter, train, regen ...
-
     with pytest.raises(ConfigError, match="is a GGUF file: this command takes a Hugging Face model folder"):
-        load_transformers_target(setup["root"] / "target-f32.gguf")
+        load_target(setup["root"] / "target-f32.gguf", engine="transformers")  # init-drafter, train, regen ...
     gguf = setup["gguf"]
     drafter = blockdraft.load_drafter(str(setup["drafter_dir"]), gguf)
     with pytest.raises(ConfigError, match="sequence ids"):
@@ -241,8 +239,8 @@ def gguf_exact_joint(target, sampling, prompt):
     joint = {}
     for prefix in itertools.product(range(VOCAB), repeat=COMPARED - 1):
         ids = torch.cat([prompt, torch.tensor([prefix])], dim=1)
-        cache = target.open_cache(())
-        logits = target.forward(ids, 0, cache).logits[0]
+        cache = target.open_rows()
+        logits = cache.forward(ids, 0).logits[0]
         cache.close()
         n = prompt.shape[1]
         probs = [to_probs(logits[n - 1 + i], sampling).double() for i in range(COMPARED)]

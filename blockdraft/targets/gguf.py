@@ -1,9 +1,10 @@
-"""A GGUF file run by llama.cpp as the target `p`: the target protocol of `target.py` on llama.cpp's kernels.
+"""The llama.cpp engine: a GGUF file run by llama.cpp's kernels as the target `p`, and its rows cache.
 
-`GGUFTarget` answers what the loop and the drafters ask of a target (`verify`, `forward`, the layer
-features a DFlash drafter reads, the frozen token embedding and LM head it borrows, `eos_token_ids`), and
-`GGUFCache` is its rows cache, with the methods of `decode/cache.py::TargetCache` (`prefill`, `verify`,
-`keep`, `drop`, `crop`). The loop gets it from `target.open_cache` and never asks which target it has.
+`GGUFTarget` answers what `decode/target.py` declares (`TargetModel`: the layer features a DFlash drafter
+reads, the frozen token embedding and LM head it borrows, `eos_token_ids`, `features`), and `GGUFCache`
+(`RowsCache`: `prefill`, `verify`, `keep`, `drop`, `forward`, `crop`, `close`) is its rows cache, opened by
+`open_rows`. The loop never asks which target it has. Neither the `gguf` package nor the export stack is
+imported here: `load` reaches them only when a GGUF file is given.
 
 How rows and trees map onto llama.cpp's memory (one context, `kv_unified`, cells tagged by sequence ids):
 - each row is one sequence, its tokens at their own positions; rows never see each other's cells;
@@ -23,6 +24,7 @@ so layer l is its input l + 1 (`llama_get_embeddings_layer_inp`).
 
 from __future__ import annotations
 
+import sys
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,16 +32,15 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-from gguf import GGUFReader
-from gguf.quants import dequantize
 from torch import nn
 from transformers import AutoTokenizer
 
 from ..config import ConfigError, validate_layer_ids
+from ..decode.target import TargetOutput, head_logits
 from ..devices import parse_dtype
-from ..target import TargetOutput, head_logits
+from ..engines.gguf_arch import open_gguf
+from ..engines.llamacpp import EngineError
 from .llama_lib import MAX_SEQUENCES, LlamaEngine
-from .llamacpp import EngineError
 
 if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
     from ..decode.proposal import Proposal
@@ -77,8 +78,32 @@ def check_gguf_file(path: str | Path) -> Path:
     return path
 
 
+def accepts(source) -> bool:
+    """A path naming a GGUF file (`is_gguf`)."""
+    return isinstance(source, (str, Path)) and is_gguf(source)
+
+
+def load(source: str | Path, *, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
+         threads: int | None = None, n_ctx: int | None = None) -> "GGUFTarget":
+    """The GGUF file `source` as a target: `threads` are llama.cpp's (default: torch's), `n_ctx` its context
+    cells shared by all rows (default 4096), `dtype` that of the embedding and LM head drafters borrow; it runs
+    on the CPU. A Qwen2 file runs as its llama-architecture copy (the same weights, made once under
+    $BLOCKDRAFT_HOME), whose llama.cpp graph exposes the layer features a DFlash drafter reads
+    (`engines/gguf_arch.py`)."""
+    # deferred: the copy's logic reads GGUF files with the export stack, which `import blockdraft` must not
+    # load (`tests/targets/test_protocol.py`)
+    from ..engines.llamacpp_cache import runnable_target_gguf
+
+    if device is not None and torch.device(device).type != "cpu":
+        raise ConfigError(f"a GGUF target runs on llama.cpp's CPU build; --device {device} is not available "
+                          "for it (use the model's Hugging Face folder for a GPU)")
+    runnable = runnable_target_gguf(check_gguf_file(source), arch="auto", drafts=True,
+                                    log=lambda line: print(line, file=sys.stderr))
+    return GGUFTarget(runnable, dtype=dtype, threads=threads, n_ctx=n_ctx or 4096, name=str(source))
+
+
 class GGUFTarget:
-    """A frozen GGUF decoder run by llama.cpp on the CPU, with the same surface as `target.Target`.
+    """A frozen GGUF decoder run by llama.cpp on the CPU (`decode/target.py::TargetModel`).
 
     `n_ctx` is the context's cells, shared by every row, tree node and open cache; `threads` llama.cpp's
     threads; `dtype` the dtype of the embedding and LM head the drafters borrow (and so of their passes).
@@ -194,15 +219,12 @@ class GGUFTarget:
     def check_batchable(self) -> None:
         """Rows are sequences of one llama.cpp memory: any GGUF decodes several at once."""
 
-    # --- caches ------------------------------------------------------------------------------------
-    def open_cache(self, layer_ids: Sequence[int] = ()) -> "GGUFCache":
+    # --- rows caches --------------------------------------------------------------------------------
+    def open_rows(self, layer_ids: Sequence[int] = ()) -> "GGUFCache":
         """A rows cache in this target's llama.cpp memory (several may be open; they share its cells)."""
         if layer_ids:
             self.check_layer_ids(layer_ids)
         return GGUFCache(self, layer_ids)
-
-    def new_cache(self) -> "GGUFCache":
-        return self.open_cache(())
 
     def take_sequences(self, count: int) -> list[int]:
         if count > len(self._free):
@@ -237,49 +259,24 @@ class GGUFTarget:
             features = np.concatenate([self.engine.layer(layer + 1, len(tokens)) for layer in layer_ids], axis=1)
         return logits, features
 
-    # --- the low-level passes (`Target.forward` / `Target.verify`), rows = the cache's first sequences --
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, start: int, cache: "GGUFCache", layer_ids: Sequence[int] = (),
-                logits_to_keep: int = 0) -> TargetOutput:
-        """Run `input_ids` (1, n) at positions start.. on row 0 of `cache`."""
-        return self.verify(input_ids, torch.tensor([start]), cache, None, layer_ids, logits_to_keep)
-
     @torch.no_grad()  # not inference_mode: a drafter's backward may save these tensors (training on GGUF features)
     def features(self, input_ids: torch.Tensor, layer_ids: Sequence[int], *, with_logits: bool = False) -> TargetOutput:
         """Whole-sequence features (1, S, L*H) of `input_ids` (1, S) for training; logits only when asked."""
         self.check_layer_ids(layer_ids)
-        cache = self.open_cache(())
-        out = self.verify(input_ids, torch.tensor([0]), cache, None, layer_ids, 0 if with_logits else 1)
+        cache = GGUFCache(self, layer_ids)
+        out = cache.chains(input_ids, torch.tensor([0]), 0 if with_logits else 1)
         cache.close()
         return TargetOutput(logits=out.logits if with_logits else None, features=out.features)
 
-    @torch.inference_mode()
-    def verify(self, input_ids: torch.Tensor, starts: torch.Tensor, cache: "GGUFCache",
-               parents: torch.Tensor | None = None, layer_ids: Sequence[int] = (),
-               logits_to_keep: int = 0) -> TargetOutput:
-        """Rows of chains (R, n), row r at starts[r] in `cache`'s r-th sequence; trees go through
-        `GGUFCache.verify`, which keeps each round's tree bookkeeping."""
-        if parents is not None:
-            raise ConfigError("GGUFTarget.verify takes chains; verify trees through the rows cache "
-                              "(GGUFCache.verify with proposals)")
-        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-            raise ConfigError(f"logits_to_keep must be an integer >= 0 here, got {logits_to_keep!r}")
-        rows, n = input_ids.shape
-        seqs = cache.low_level_sequences(rows)
-        keep = n if logits_to_keep == 0 else min(logits_to_keep, n)
-        chains = [([int(t) for t in input_ids[r]], int(starts[r]), [[seqs[r]]] * n) for r in range(rows)]
-        logits, features = cache.run_rows(chains, [range(n - keep, n)] * rows, layer_ids)
-        return TargetOutput(logits=logits, features=features)
-
 
 class GGUFCache:
-    """The llama.cpp memory of the rows decoding together (the loop's `TargetCache` for a GGUF target)."""
+    """The llama.cpp memory of the rows decoding together (`decode/target.py::RowsCache`)."""
 
     def __init__(self, target: GGUFTarget, layer_ids: Sequence[int] = ()):
         self.target, self.layer_ids = target, tuple(layer_ids)
         self.rows: list[int] = []
         self.seq_of: dict[int, int] = {}  # row -> its sequence id
-        self._low: list[int] = []  # the sequences of the low-level passes (`GGUFTarget.verify`)
+        self._low: list[int] = []  # the sequences of the low-level passes (`forward`, `chains`)
         self._tree: dict[int, list[int]] = {}  # row -> the node sequences of its last verify pass
         self._finalizer = weakref.finalize(self, _release, target, self.seq_of, self._low)
 
@@ -287,10 +284,23 @@ class GGUFCache:
         """Give this cache's sequences (and their cells) back now rather than when it is collected."""
         self._finalizer()
 
-    @property
-    def cache(self) -> "GGUFCache":
-        """What `GGUFTarget.forward/verify` take as their cache (the transformers target takes `.cache` too)."""
-        return self
+    # --- the low-level passes: rows of chains on this cache's own sequences (`forward`, `features`) ------
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, start: int, logits_to_keep: int = 0) -> TargetOutput:
+        """Run `input_ids` (1, n) at positions start.. on this cache's first low-level sequence."""
+        return self.chains(input_ids, torch.tensor([start]), logits_to_keep)
+
+    def chains(self, input_ids: torch.Tensor, starts: torch.Tensor, logits_to_keep: int = 0) -> TargetOutput:
+        """Rows of chains (R, n), row r at starts[r] in this cache's r-th low-level sequence (not its `rows`):
+        logits of the last `logits_to_keep` positions (0: all)."""
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ConfigError(f"logits_to_keep must be an integer >= 0, got {logits_to_keep!r}")
+        rows, n = input_ids.shape
+        seqs = self.low_level_sequences(rows)
+        keep = n if logits_to_keep == 0 else min(logits_to_keep, n)
+        chains = [([int(t) for t in input_ids[r]], int(starts[r]), [[seqs[r]]] * n) for r in range(rows)]
+        logits, features = self.run_rows(chains, [range(n - keep, n)] * rows, self.layer_ids)
+        return TargetOutput(logits=logits, features=features)
 
     # --- batching rows into llama_decode calls -------------------------------------------------------
     def run_rows(self, rows: list[tuple[list[int], int, list[list[int]]]], wanted: list[Sequence[int]],
@@ -341,7 +351,7 @@ class GGUFCache:
             self._low += self.target.take_sequences(rows - len(self._low))
         return self._low[:rows]
 
-    # --- the loop's rows cache (the methods of decode/cache.py::TargetCache) -------------------------
+    # --- the loop's rows cache (decode/target.py::RowsCache) ------------------------------------------
     def prefill(self, rows: list[int], prompts: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
         """Run the prompts of `rows` and append them as rows: their last-position logits (R, V) and each one's
         prompt features (1, n_r, F) or None."""
@@ -431,7 +441,9 @@ def _release(target: GGUFTarget, seq_of: dict, low: list) -> None:
 def read_gguf_tensor(path: Path, name: str, *, shape_only: bool = False) -> np.ndarray | tuple | None:
     """Tensor `name` of a GGUF as float32 (rows, cols), dequantised by the gguf package (or only its shape);
     None when absent."""
-    reader = GGUFReader(path)
+    from gguf.quants import dequantize  # deferred: `import blockdraft` must not load the gguf package
+
+    reader = open_gguf(path)
     for tensor in reader.tensors:
         if tensor.name == name:
             if shape_only:

@@ -1,54 +1,38 @@
-"""Adapter over any Hugging Face causal LM used as the target `p`.
+"""The transformers engine: any Hugging Face causal LM as the target `p`, and its rows cache.
 
-It gives the decoding loop and the drafters exactly what they need: a cached forward over new
-tokens at explicit positions (`forward`, the prefill), one verify pass over rows of draft trees
-(`verify`; a chain is a tree whose parents are a chain), the hidden states of chosen layers
-(DFlash's convention), and the frozen embeddings and LM head that drafters borrow. It knows
-nothing of decoding: the cache surgery after a verify pass lives in `decode/cache.py`.
+`Target` gives the loop and the drafters what `decode/target.py` declares: a cached forward over new tokens
+at explicit positions (the prefill), one verify pass over rows of draft trees (a chain is a tree whose
+parents are a chain), the hidden states of chosen layers (DFlash's convention), and the frozen embeddings
+and LM head that drafters borrow. `TargetCache` is its rows cache: the rows share one transformers cache,
+left-aligned, and the surgery after each verify pass lives in `kv_rows.py`.
 """
 
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from .assets import resolve_model
-from .config import DRAFTER_ARCHITECTURES, ConfigError, validate_layer_ids
-from .attention import additive_mask, tree_layout
-from .files import check_input_folder, read_json
-from .devices import (DTYPES, batched_dtype, default_device, native_bf16,  # noqa: F401 (re-exported)
-                      parse_dtype, pick_device)
-from .sanity import check_finite
+from ..assets import resolve_model
+from ..attention import additive_mask, tree_layout
+from ..config import DRAFTER_ARCHITECTURES, ConfigError, validate_layer_ids
+from ..decode.target import TargetOutput, head_logits
+from ..devices import parse_dtype
+from ..files import check_input_folder, read_json
+from ..sanity import check_finite
+from . import kv_rows
 
-
-@dataclass
-class TargetOutput:
-    logits: torch.Tensor | None  # (R, n_kept, V) float32
-    features: torch.Tensor | None  # (R, n, len(layer_ids) * H) or None when no layers were asked
-
-
-def head_logits(head: nn.Module, hidden: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """A target's LM head on hidden states (and final soft-capping where the model has it)."""
-    bias = head.bias.detach() if getattr(head, "bias", None) is not None else None
-    logits = torch.nn.functional.linear(hidden, head.weight.detach(), bias)  # no gradient into the target
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
+if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
+    from ..decode.proposal import Proposal
 
 
 class Target:
     """A frozen causal LM with cached forward, tree verification and feature capture."""
-
-    #: None: the loop does this target's cache surgery on a transformers cache (`decode/cache.py::TargetCache`).
-    #: A target whose engine keeps its own memory (`engines/gguf_target.py`) opens its own rows cache here.
-    open_cache = None
 
     def __init__(self, model: PreTrainedModel, tokenizer=None, name: str | None = None):
         # The target stays frozen by construction (inference_mode/no_grad around its passes, detached
@@ -115,6 +99,10 @@ class Target:
 
     def check_layer_ids(self, layer_ids: Sequence[int]) -> None:
         validate_layer_ids(tuple(layer_ids), self.num_layers)
+
+    def open_rows(self, layer_ids: Sequence[int] = ()) -> "TargetCache":
+        """A new rows cache over a transformers cache (`decode/target.py::RowsCache`)."""
+        return TargetCache(self, layer_ids)
 
     def new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -190,28 +178,31 @@ class Target:
         return TargetOutput(logits=out.logits.float() if with_logits else None, features=features)
 
 
-def load_target(path_or_model: str | Path | PreTrainedModel | Target, *, dtype: str | torch.dtype | None = None,
-                device: str | torch.device | None = None) -> Target:
+def accepts(source) -> bool:
+    """Every source the engines before this one in `targets.ENGINES` did not take: a model folder, an asset
+    name, a loaded model."""
+    return True
+
+
+def load(source: str | Path | PreTrainedModel, *, dtype: str | torch.dtype | None = None,
+         device: str | torch.device | None = None, threads: int | None = None, n_ctx: int | None = None) -> Target:
     """Wrap a loaded model, or load one from a local folder or a `blockdraft assets` name."""
-    if isinstance(path_or_model, Target) or getattr(path_or_model, "open_cache", None) is not None:
-        return path_or_model  # a target already, of either engine (`targets.py` loads a GGUF file)
-    if isinstance(path_or_model, PreTrainedModel):
-        model = path_or_model
+    if threads is not None or n_ctx is not None:
+        raise ConfigError("threads= and n_ctx= are options of a GGUF target; a transformers target takes torch's "
+                          "threads (torch.set_num_threads) and needs no context size")
+    if isinstance(source, PreTrainedModel):
+        model = source
         if dtype is not None or device is not None:
             model = model.to(device=device, dtype=parse_dtype(dtype, device) if dtype else None)
         return Target(model)
-    if not isinstance(path_or_model, (str, Path)):
-        raise ConfigError(f"load_target takes a model folder, an asset name, a PreTrainedModel or a Target, got "
-                          f"{path_or_model!r}")
-    if str(path_or_model).lower().endswith(".gguf") and Path(path_or_model).expanduser().is_file():
-        raise ConfigError(f"{path_or_model} is a GGUF file: this command takes a Hugging Face model folder (or an "
-                          "asset name). A GGUF runs as the target of generate, bench, bench-engine and bench-verify "
-                          "(llama.cpp's kernels, docs/llamacpp.md)")
-    path = resolve_model_path(path_or_model)
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(f"load_target takes a model folder, an asset name, a GGUF file, a PreTrainedModel or a "
+                          f"target, got {source!r}")
+    path = resolve_model_path(source)
     model = _load_checked(path, dtype=parse_dtype(dtype, device) if dtype else "auto")
     if device is not None:
         model = model.to(device)
-    return Target(model, tokenizer=_load_tokenizer(path), name=str(path_or_model))
+    return Target(model, tokenizer=_load_tokenizer(path), name=str(source))
 
 
 def _load_checked(path: Path, *, dtype) -> PreTrainedModel:
@@ -273,3 +264,98 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if path.is_dir():
         return path
     return Path(resolve_model(str(name_or_path)))
+
+
+class TargetCache:
+    """The rows cache of a transformers target (`decode/target.py::RowsCache`): one transformers cache holding
+    the rows decoding together, left-aligned, in the order `rows` lists them (`kv_rows.py`)."""
+
+    def __init__(self, target: Target, layer_ids: Sequence[int] = (), cache: DynamicCache | None = None):
+        self.target, self.layer_ids = target, tuple(layer_ids)
+        self.cache = cache if cache is not None else target.new_cache()
+        self.rows: list[int] = []
+
+    def prefill(self, rows: list[int], prompts: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
+        """Run the prompts of `rows` and append them as rows; returns their last-position logits (R, V) and
+        each one's prompt features (1, n_r, F) or None."""
+        target, joining = self.target, TargetCache(self.target, self.layer_ids)
+        if len(prompts) == 1:
+            out = target.forward(prompts[0], 0, joining.cache, self.layer_ids, logits_to_keep=1)
+            logits, features = out.logits[:, -1], [out.features]
+        else:  # one padded pass, logits only where a prompt ends: (R, U, V), not (R, S, V)
+            lengths = torch.tensor([p.shape[1] for p in prompts], device=target.device)
+            padded = torch.zeros((len(prompts), int(lengths.max())), dtype=torch.long, device=target.device)
+            for index, prompt in enumerate(prompts):
+                padded[index, :prompt.shape[1]] = prompt[0]
+            last = lengths - 1
+            keep = last.unique()
+            out = target.verify(padded, torch.zeros_like(lengths), joining.cache, None, self.layer_ids,
+                                logits_to_keep=keep)
+            logits = out.logits[torch.arange(len(prompts)), torch.searchsorted(keep, last)]
+            features = [None if out.features is None else out.features[index:index + 1, :int(n)]
+                        for index, n in enumerate(lengths)]
+        if self.rows:
+            kv_rows.join_rows(self.cache, joining.cache)
+        else:
+            self.cache = joining.cache
+        self.rows = self.rows + list(rows)
+        return logits, features
+
+    def verify(self, anchors: list[torch.Tensor], starts: list[int], proposals: list[Proposal]) -> TargetOutput:
+        """One target pass over every row's [anchor, proposal]: logits (R, n, V), features (R, n, F).
+        `anchors[i]` (1, 1) and `starts[i]` (the anchor's position) belong to row `self.rows[i]`; each
+        proposal is a tree (a chain: parents [-1, 0, 1, ...]), rows padded to the longest as chains."""
+        device = self.target.device
+        width = 1 + max(p.tokens.shape[0] for p in proposals)
+        ids = torch.zeros((len(proposals), width), dtype=torch.long, device=device)
+        trees = [p.tree_parents() for p in proposals]
+        parents = None
+        if any(tree is not None for tree in trees):
+            parents = torch.arange(-1, width - 1, device=device).repeat(len(proposals), 1)  # (R, n) chains
+        for index, (anchor, proposal, tree) in enumerate(zip(anchors, proposals, trees)):
+            ids[index, :1] = anchor[0]
+            ids[index, 1:1 + proposal.tokens.shape[0]] = proposal.tokens
+            if tree is not None:  # node i is slot i + 1, the anchor slot 0
+                parents[index, 1:1 + tree.shape[0]] = tree.to(device) + 1
+        return self.target.verify(ids, torch.tensor(starts, device=device), self.cache, parents, self.layer_ids)
+
+    def keep(self, still: list[int], starts: list[int], kept: list[int], paths: list[list[int]], width: int) -> None:
+        """After `verify`: each row of `still` keeps its past (its first `starts` slots) and the first `kept`
+        of [anchor, its accepted `path`'s nodes] from the verify pass; other rows leave. `width` is the
+        verify pass's length; `starts`, `kept`, `paths` follow `self.rows`."""
+        if len(self.rows) == 1:
+            if still:
+                kv_rows.keep_tree_path(self.cache, width - 1, paths[0])
+                self.crop(starts[0] + kept[0])
+        elif still:
+            base = self.cache.get_seq_length() - width  # the verify pass's first slot
+            position = {row: index for index, row in enumerate(self.rows)}
+            at = [position[row] for row in still]
+            start = torch.tensor([starts[i] for i in at])[:, None]  # (R', 1)
+            slot = torch.arange(max(starts[i] + kept[i] for i in at))[None]  # (1, S')
+            slots = torch.where(slot < start, slot, base + slot - start)  # below its start a row keeps its past
+            for index, i in enumerate(at):  # then the anchor and the accepted path's nodes (node j is slot j + 1)
+                offsets = torch.tensor([0] + [node + 1 for node in paths[i]])[:kept[i]]
+                slots[index, starts[i]:starts[i] + kept[i]] = base + offsets
+            # slots past a row's length are padding: any in-range slot, masked by the next verify pass
+            kv_rows.pack_rows(self.cache, torch.tensor(at), slots.clamp(max=self.cache.get_seq_length() - 1))
+        self.rows = list(still)
+        if not still:
+            self.cache = self.target.new_cache()
+
+    def drop(self, still: list[int], starts: list[int]) -> None:
+        """Rows not in `still` leave; the others keep their first `starts` slots (rows done at prefill)."""
+        if len(still) < len(self.rows):
+            self.keep(still, starts, [0] * len(self.rows), [[]] * len(self.rows), 0)
+
+    def forward(self, input_ids: torch.Tensor, start: int, logits_to_keep: int = 0) -> TargetOutput:
+        """Run one sequence's tokens (1, n) at positions start.. (a cache used only this way: a draft model's)."""
+        return self.target.forward(input_ids, start, self.cache, self.layer_ids, logits_to_keep=logits_to_keep)
+
+    def crop(self, length: int) -> None:
+        """Every row keeps its first `length` positions."""
+        kv_rows.crop(self.cache, length)
+
+    def close(self) -> None:
+        """Let the transformers cache go now (the rows with it)."""
+        self.cache, self.rows = self.target.new_cache(), []

@@ -2,7 +2,7 @@
 
 The shim is compiled once per build and per shim source (its sha256 names the library), beside the
 build's own `libllama`, with the machine's C compiler: about a second. `LlamaEngine` is one model and one
-context; `engines/gguf_target.py` builds the target protocol on it.
+context; `targets/gguf.py` builds the target protocol on it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .llamacpp import EngineError, LlamaCppBuild, find_llamacpp
+from ..engines.llamacpp import EngineError, LlamaCppBuild, find_llamacpp
 
 SHIM_SOURCE = Path(__file__).with_name("llama_shim.cpp")
 #: llama.cpp keeps at most this many sequence ids (LLAMA_MAX_SEQ in its llama-cparams.h)

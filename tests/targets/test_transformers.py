@@ -2,8 +2,7 @@ import pytest
 import torch
 
 from blockdraft.config import ConfigError, default_target_layer_ids
-from blockdraft.decode.cache import TargetCache
-from blockdraft.target import Target
+from blockdraft.targets.transformers import Target, TargetCache
 from blockdraft.tiny import ARCHITECTURES, tiny_target
 
 
@@ -76,7 +75,7 @@ def test_embeddings_lm_head_and_eos_are_exposed():
 
 
 def test_auto_dtype_follows_native_bf16(monkeypatch):
-    from blockdraft.target import batched_dtype, native_bf16, parse_dtype
+    from blockdraft.devices import batched_dtype, native_bf16, parse_dtype
 
     assert native_bf16("cuda") and batched_dtype("cuda") == torch.bfloat16
     for avx512_bf16, amx, expected in [(False, False, torch.float32), (True, False, torch.bfloat16),
