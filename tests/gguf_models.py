@@ -82,3 +82,31 @@ def plain_with_gaps(target, prompt: torch.Tensor, new_tokens: int) -> tuple[list
         position += 1
     cache.close()
     return tokens, gaps
+
+
+def real_tokenizer_target(root: Path, arch: str = "qwen3", *, layers: int = 2, hidden: int = 64, seed: int = 0):
+    """A tiny random Hugging Face target on the real Qwen2.5 tokenizer, saved under `root` for llama.cpp's
+    converter (it checks the pre-tokenizer by hash and does not know our tiny test tokenizers); skips when
+    the asset is not fetched. Returns (model, tokenizer, folder)."""
+    import pytest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from blockdraft.assets import AssetError, resolve_model
+    from blockdraft.config import ConfigError
+    from blockdraft.tiny import tiny_config
+
+    try:
+        source = resolve_model("qwen2.5-coder-0.5b-instruct")
+    except (AssetError, ConfigError) as err:
+        pytest.skip(f"needs the qwen2.5-coder-0.5b-instruct asset's tokenizer: {err}")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    config = tiny_config(arch, vocab_size=151936, hidden_size=hidden, num_layers=layers)
+    config.eos_token_id, config.bos_token_id, config.pad_token_id = 151645, 151643, 151643
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    folder = root / f"tiny-{arch}-qwen-tokenizer"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer, folder

@@ -18,7 +18,8 @@ from ..checkpoints import (WEIGHTS_NAME, attach_local_head, check_finite, import
 from ..config import ConfigError
 from ..data.conversations import TokenizedDataset
 from ..drafters.local_head import DEFAULT_ALPHA, DEFAULT_BETA, LOCAL_VARIANTS, MAX_FUSION_WEIGHT, find_fusion_head
-from ..engines.export import CONSUMERS, export
+from ..engines.gguf_files import OUTTYPES
+from ..export import CONSUMERS, export
 from ..files import check_input, check_out_dir, overwrite_allowed
 from ..shipped import resolve_drafter
 from ..targets import load_target
@@ -217,21 +218,23 @@ def add_import_dspark(sub) -> None:
 
 
 def add_export(sub) -> None:
-    p = sub.add_parser("export", help="write a drafter folder for the reference dflash package, vLLM or SGLang")
+    p = sub.add_parser("export", help="write a drafter for another engine: a folder for the reference dflash "
+                                      "package, vLLM or SGLang, a GGUF file for llama.cpp")
     p.add_argument("drafter", help="drafter folder (config.json + model.safetensors)")
     p.add_argument("--for", dest="consumer", required=True, choices=tuple(CONSUMERS),
                    help="the engine that will load it (see docs/export.md)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder (llama.cpp: a .gguf file)")
     add_overwrite_flag(p)
     p.add_argument("--target", default=None,
-                   help="target model; needed for vLLM with a DFlash drafter's reduced vocabulary or scaled "
-                        "embedding (Gemma), and for drafters that do not record their embedding scale")
+                   help="target model; needed for llama.cpp (its tokenizer), for vLLM with a DFlash drafter's "
+                        "reduced vocabulary or scaled embedding (Gemma), and for drafters that do not record their "
+                        "embedding scale")
     p.add_argument("--full-vocab", action="store_true",
                    help="zlab/sglang (and vllm for DFlash 2): export a reduced-vocabulary drafter anyway, drafting "
                         "over every token")
     p.add_argument("--drop-attention-bias", action="store_true",
                    help="llama.cpp: export a drafter with q/k/v/o biases anyway, without them (its drafts change)")
-    p.add_argument("--outtype", default=None, choices=("f32", "f16", "bf16"), help="llama.cpp: GGUF tensor type (f32)")
+    p.add_argument("--outtype", default=None, choices=OUTTYPES, help="llama.cpp: GGUF tensor type (f32)")
     p.set_defaults(func=cmd_export)
 
 

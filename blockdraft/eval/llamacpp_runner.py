@@ -43,9 +43,10 @@ import torch
 
 from ..config import ConfigError
 from ..config import Option, choice as one_of, parse_options, positive_int, unit_interval
-from ..engines import llamacpp_cache, llamacpp_export
+from ..engines import gguf_files, llamacpp_cache
 from ..engines.llamacpp import EngineError, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
+from ..export.gguf import draft_gguf
 from .measurement import Measurement
 
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
@@ -182,9 +183,9 @@ class LlamaCppRunner:
                                      build.tree, log=say)
         draft, facts = None, None
         if self.spec.mode in ("dflash", "dspark"):
-            llamacpp_export.check_dflash_target(model, build.tree)
-            draft, facts = llamacpp_cache.draft_gguf(self.spec.drafter, self.target_name,
-                                                     self.spec.options.get("drop_bias", "off") == "on")
+            gguf_files.check_dflash_target(model, build.tree)
+            draft, facts = draft_gguf(self.spec.drafter, self.target_name,
+                                      self.spec.options.get("drop_bias", "off") == "on")
         extra = server_arguments(self.spec, facts)
         log = None if self.log_dir is None else self.log_dir / "llamacpp-logs" / (_slug(self.method) + ".log")
         self.info.update({"kind": "llamacpp", "mode": self.spec.mode, "target_gguf": str(model),

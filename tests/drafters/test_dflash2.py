@@ -17,8 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import blockdraft
-from blockdraft.checkpoints import export_drafter, init_drafter, load_drafter, save_drafter
+from blockdraft.checkpoints import init_drafter, load_drafter, save_drafter
 from blockdraft.config import ConfigError, SamplingConfig
+from blockdraft.export.folders import export_drafter
 from blockdraft.train.quick import quick_fit
 from chi_square import VOCAB, chi_square_p, draw, exact_joint
 from helpers import own_text, prompts, tiny_target

@@ -167,11 +167,11 @@ def test_cli_as_llama_writes_and_keeps_existing_files(tmp_path, capsys):
 
 
 def test_bench_runs_a_llama_copy_only_where_a_draft_needs_it(tmp_path, monkeypatch):
-    from blockdraft.engines import llamacpp_cache, llamacpp_export
+    from blockdraft.engines import gguf_files, llamacpp_cache
     from blockdraft.eval.llamacpp_runner import parse_llamacpp, runnable_target_gguf
 
     monkeypatch.setattr(llamacpp_cache, "engine_root", lambda: tmp_path / "engine")
-    monkeypatch.setattr(llamacpp_export, "dflash_target_archs", lambda tree=None: {"llama", "qwen3"})
+    monkeypatch.setattr(gguf_files, "dflash_target_archs", lambda tree=None: {"llama", "qwen3"})
     source = tmp_path / "qwen.gguf"
     write_qwen2_gguf(source)
     assert runnable_target_gguf(source, parse_llamacpp(None)) == source

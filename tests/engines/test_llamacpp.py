@@ -1,6 +1,6 @@
 """llama.cpp as an engine, the parts that need no build: finding and verifying a build, the server's
-lifecycle (a fake `llama-server` speaking enough HTTP), its timings, the bench's method spellings, and the
-folder the GGUF export hands llama.cpp's converter (plus the GGUF itself where the tree is extracted)."""
+lifecycle (a fake `llama-server` speaking enough HTTP), its timings and the bench's method spellings. The
+GGUF export's tests are tests/export/test_export_gguf.py; the converter and GGUF readers' test_gguf_files.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from blockdraft.config import ConfigError
 from blockdraft.engines import llamacpp
@@ -471,151 +470,6 @@ def test_timings_parsing():
         parse_timings({"timings": {"prompt_n": 1}})
 
 
-# ---------------------------------------------------------------------------------------------- the export
-
-from blockdraft.checkpoints import init_drafter  # noqa: E402
-from blockdraft.checkpoints.headed import save_headed_drafter  # noqa: E402
-from blockdraft.drafters.confidence import ConfidenceHead  # noqa: E402
-from blockdraft.drafters.markov import MarkovHead  # noqa: E402
-from blockdraft.engines import llamacpp_export  # noqa: E402
-from blockdraft.tiny import tiny_target  # noqa: E402
-from helpers import headed  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-
-
-def _target_folder(root: Path, arch: str = "qwen3"):
-    target = tiny_target(arch)
-    folder = root / f"target-{arch}"
-    target.model.save_pretrained(folder)
-    return target, folder
-
-
-def test_prepare_export_keeps_a_reduced_vocabulary_as_d2t(tmp_path):
-    target, folder = _target_folder(tmp_path)
-    keep = torch.tensor(sorted({0, 3, 7, 10, 42, 100, 200, 254}))
-    drafter = init_drafter(target, num_layers=1, block_size=4, draft_vocab=keep)
-    from blockdraft.checkpoints import save_drafter
-
-    save_drafter(drafter.model, tmp_path / "d")
-    notes, facts = llamacpp_export.prepare_export(tmp_path / "d", folder, tmp_path / "prep")
-    config = json.loads((tmp_path / "prep" / "config.json").read_text())
-    state = load_file(str(tmp_path / "prep" / "model.safetensors"))
-    assert config["architectures"] == ["DSparkDraftModel"] and config["sample_from_anchor"] is False
-    assert config["draft_vocab_size"] == 8 and facts["spec_type"] == "draft-dflash" and facts["max_drafts"] == 3
-    assert torch.equal(state["d2t"] + torch.arange(8), keep)  # the converter reads offsets
-    head = target.model.get_output_embeddings().weight.detach()
-    assert torch.allclose(state["lm_head.weight"].float(), head[keep].float())
-    assert not any(key.startswith("vocab_map") for key in state)
-    assert any("8-token draft vocabulary" in note for note in notes)
-
-
-def test_attention_biases_are_refused_or_dropped_by_name(tmp_path):
-    target, folder = _target_folder(tmp_path, "qwen2")
-    drafter = init_drafter(target, num_layers=1, block_size=4)
-    with torch.no_grad():
-        drafter.model.layers[0].self_attn.q_proj.bias.fill_(0.5)
-    from blockdraft.checkpoints import save_drafter
-
-    save_drafter(drafter.model, tmp_path / "d")
-    with pytest.raises(EngineError, match="no bias on q/k/v/o.*--drop-attention-bias"):
-        llamacpp_export.prepare_export(tmp_path / "d", folder, tmp_path / "prep")
-    notes, facts = llamacpp_export.prepare_export(tmp_path / "d", folder, tmp_path / "prep2", drop_attention_bias=True)
-    state = load_file(str(tmp_path / "prep2" / "model.safetensors"))
-    assert not any(key.endswith(".bias") for key in state) and facts["dropped_attention_bias"]
-    assert any("drafts with a different model" in note for note in notes)
-
-
-def test_markov_and_confidence_heads_export_as_dspark(tmp_path):
-    target, folder = _target_folder(tmp_path)
-    backbone = init_drafter(target, num_layers=1, block_size=4)
-    rank = 8
-    markov, confidence = MarkovHead(target.vocab_size, rank), ConfidenceHead(target.hidden_size, rank)
-    save_headed_drafter(headed(backbone, markov, confidence), tmp_path / "d")
-    notes, facts = llamacpp_export.prepare_export(tmp_path / "d", folder, tmp_path / "prep")
-    state = load_file(str(tmp_path / "prep" / "model.safetensors"))
-    config = json.loads((tmp_path / "prep" / "config.json").read_text())
-    assert facts["spec_type"] == "draft-dspark" and facts["markov"] and facts["confidence"]
-    assert config["sample_from_anchor"] is False and config["markov_head_type"] == "vanilla"
-    assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "confidence_head.proj.weight",
-            "confidence_head.proj.bias"} <= set(state)
-
-    gated = MarkovHead(target.vocab_size, rank, "gated", hidden_size=target.hidden_size)
-    save_headed_drafter(headed(backbone, gated), tmp_path / "g")
-    with pytest.raises(EngineError, match="'gated' variant"):
-        llamacpp_export.prepare_export(tmp_path / "g", folder, tmp_path / "prep3")
-
-
-def test_export_refuses_a_drafter_made_for_another_target(tmp_path):
-    target, _ = _target_folder(tmp_path)
-    _, other = _target_folder(tmp_path, "qwen2")
-    raw = json.loads((other / "config.json").read_text())
-    raw["num_hidden_layers"] = 7
-    (other / "config.json").write_text(json.dumps(raw))
-    from blockdraft.checkpoints import save_drafter
-
-    save_drafter(init_drafter(target, num_layers=1, block_size=4).model, tmp_path / "d")
-    with pytest.raises(ConfigError, match="4-layer target"):
-        llamacpp_export.prepare_export(tmp_path / "d", other, tmp_path / "prep")
-
-
-def _converter_or_skip() -> None:
-    try:
-        llamacpp_export.find_converter()
-    except EngineError as err:
-        pytest.skip(f"needs llama.cpp's extracted tree: {err}")
-
-
-def real_tokenizer_target(root: Path, arch: str = "qwen3", *, layers: int = 2, hidden: int = 64, seed: int = 0):
-    """A tiny random target on the real Qwen2.5 tokenizer (llama.cpp's converter checks the pre-tokenizer
-    by hash and does not know our tiny test tokenizers); skips when the asset is not fetched."""
-    from transformers import AutoTokenizer
-
-    from blockdraft.assets import AssetError, resolve_model
-    from blockdraft.tiny import tiny_config
-    from transformers import AutoModelForCausalLM
-
-    try:
-        source = resolve_model("qwen2.5-coder-0.5b-instruct")
-    except (AssetError, ConfigError) as err:
-        pytest.skip(f"needs the qwen2.5-coder-0.5b-instruct asset's tokenizer: {err}")
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    config = tiny_config(arch, vocab_size=151936, hidden_size=hidden, num_layers=layers)
-    config.eos_token_id, config.bos_token_id, config.pad_token_id = 151645, 151643, 151643
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(8.0)
-    folder = root / f"tiny-{arch}-qwen-tokenizer"
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return model, tokenizer, folder
-
-
-@pytest.mark.slow
-def test_exported_gguf_reads_back_with_dflash_metadata(tmp_path):
-    _converter_or_skip()
-    from blockdraft.checkpoints import save_drafter
-    from blockdraft.targets.transformers import Target
-
-    model, _, folder = real_tokenizer_target(tmp_path)
-    target = Target(model.eval(), name=str(folder))
-    keep = torch.arange(0, 151936, 997)
-    drafter = init_drafter(target, num_layers=1, block_size=4, draft_vocab=keep, target_layer_ids=(0,))
-    save_drafter(drafter.model, tmp_path / "d")
-    notes, facts = llamacpp_export.export_drafter_gguf(tmp_path / "d", folder, tmp_path / "draft.gguf")
-    summary = llamacpp_export.read_gguf_summary(tmp_path / "draft.gguf")
-    fields, tensors = summary["fields"], summary["tensors"]
-    assert fields["general.architecture"] == "dflash" and fields["dflash.block_size"] == 4
-    assert fields["dflash.target_layers"] == [1]  # our layer 0 = its hidden state 1
-    assert fields["tokenizer.ggml.mask_token_id"] == drafter.config.mask_token_id
-    assert {"fc.weight", "enc.output_norm.weight", "output_norm.weight", "blk.0.attn_q.weight", "blk.0.attn_k_norm.weight",
-            "blk.0.ffn_down.weight", "d2t", "output.weight"} <= set(tensors)
-    assert tensors["d2t"] == [keep.numel()] and tensors["output.weight"] == [64, keep.numel()]
-    assert json.loads((tmp_path / "draft.gguf.json").read_text())["spec_type"] == "draft-dflash"
-    with pytest.raises(ConfigError, match="exists"):
-        llamacpp_export.export_drafter_gguf(tmp_path / "d", folder, tmp_path / "draft.gguf")
-
-
 # ---------------------------------------------------------------------------------------------- bench methods
 
 from blockdraft.eval.llamacpp_runner import build_llamacpp_runner, parse_llamacpp, server_arguments  # noqa: E402
@@ -756,24 +610,6 @@ def test_a_server_crash_mid_bench_ends_that_method_only(fake_build, tmp_path):
     assert run_or_fail(runner, [1, 2], max_new_tokens=4, seed=0) is None
     assert "not running" in runner.info["error"]
     assert run_or_fail(runner, [1, 2], max_new_tokens=4, seed=0) is None  # skipped from then on
-
-
-def test_dflash_needs_a_target_architecture_exposing_layer_states(tmp_path):
-    import gguf
-
-    models = tmp_path / "tree" / "src" / "models"
-    models.mkdir(parents=True)
-    (models / "qwen3.cpp").write_text("res->t_layer_inp[il] = inpL;\n")
-    (models / "qwen2.cpp").write_text("// no layer inputs\n")
-    assert llamacpp_export.dflash_target_archs(tmp_path / "tree") == {"qwen3"}
-    for arch in ("qwen2", "qwen3"):
-        writer = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.close()
-    llamacpp_export.check_dflash_target(tmp_path / "qwen3.gguf", tmp_path / "tree")
-    with pytest.raises(EngineError, match="cannot draft with DFlash for a 'qwen2' target"):
-        llamacpp_export.check_dflash_target(tmp_path / "qwen2.gguf", tmp_path / "tree")
 
 
 def test_report_reads_every_run_against_llamacpp_plain():

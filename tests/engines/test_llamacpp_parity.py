@@ -33,13 +33,14 @@ from blockdraft.drafters.confidence import ConfidenceHead
 from blockdraft.drafters.markov import MarkovHead
 from blockdraft.engines.gguf_arch import qwen2_gguf_as_llama
 from blockdraft.engines.llamacpp import EngineError, find_llamacpp
-from blockdraft.engines.llamacpp_export import convert_target_gguf, export_drafter_gguf
+from blockdraft.engines.gguf_files import convert_target_gguf
 from blockdraft.engines.llamacpp_server import LlamaServer, Timings
 from blockdraft.eval.llamacpp_runner import parse_llamacpp, server_arguments
+from blockdraft.export.gguf import export_drafter_gguf
 from blockdraft.targets.transformers import Target
 from blockdraft.train.quick import quick_fit, train_heads
+from gguf_models import real_tokenizer_target
 from helpers import headed
-from test_llamacpp import real_tokenizer_target
 
 NEW_TOKENS, BLOCK, RANK = 40, 4, 16
 TAU_TOLERANCE = 0.03

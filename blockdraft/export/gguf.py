@@ -1,14 +1,15 @@
-"""Our drafters (and HF targets) as GGUF files llama.cpp runs, written by the built tree's own converter.
+"""Our drafters as GGUF files llama.cpp runs, written by the built tree's own converter.
 
 `export_drafter_gguf` prepares a folder the converter (`convert_hf_to_gguf.py DRAFTER --target-model-dir
-TARGET`, llama.cpp 11434) reads, runs it, and checks the file with `gguf.GGUFReader`. What llama.cpp's
-DFlash graph computes, read from its model code:
+TARGET`, llama.cpp 11434; `engines/gguf_files.py` runs it) reads, runs it, and checks the file. What
+llama.cpp's DFlash graph computes, read from its model code (its row of `consumers.CONSUMERS`):
 
 - the backbone: per layer RMSNorm -> q/k/v without bias -> q_norm/k_norm -> RoPE -> non-causal
   attention over [context K/V ; block K/V] -> o without bias -> residual -> RMSNorm -> SwiGLU -> residual;
   the context K/V are each layer's k/v of RMSNorm(fc(target features)); the final norm; the target's
   LM head (or the draft's own rows with a reduced vocabulary); `target_layers` = our ids + 1 (the
-  output of decoder layer l is hidden state l + 1 in both conventions);
+  output of decoder layer l is hidden state l + 1 in both conventions); the target's raw table times
+  `dflash_config.input_embedding_scale`, and `final_logit_softcapping`, both read by its converter;
 - a reduced draft vocabulary: `d2t` (absolute target ids) with the kept LM-head rows, every other token
   at -inf, exactly our rule. Its converter writes it only for the DSpark layouts, so a reduced-vocabulary
   drafter is exported through that class with `sample_from_anchor = false` (our DFlash layout: the
@@ -25,10 +26,9 @@ error or a note.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -37,57 +37,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..assets import home, resolve_model
 from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME
-from ..checkpoints.export import load_backbone, reduced_vocabulary
 from ..config import ConfigError
-from ..files import check_out_file, read_json
+from ..engines.gguf_files import (dflash_target_archs, find_converter, read_gguf_summary, resolve_target_dir,
+                                  run_converter)
+from ..engines.llamacpp import EngineError, engine_root
+from ..files import check_out_file, file_sha256, read_json
 from ..shipped import resolve_drafter
-from .gguf_arch import open_gguf
-from .llamacpp import EngineError, engine_root, release_dir, tree_dir
+from .backbone import load_backbone, reduced_vocabulary
+from .consumers import CONSUMERS
 
-OUTTYPES = ("f32", "f16", "bf16")
-RUNS_HEADS = ("markov", "confidence")  # our heads its graph computes (DSpark's); any other is dropped with a note
-
-
-def find_converter() -> Path:
-    """The tree's `convert_hf_to_gguf.py` (an extracted tree suffices; no binaries needed)."""
-    override = os.environ.get("BLOCKDRAFT_LLAMACPP_DIR")
-    tree = tree_dir(Path(override).expanduser()) if override else tree_dir(release_dir())
-    script = tree / "convert_hf_to_gguf.py"
-    if not script.is_file():
-        raise EngineError(f"llama.cpp's converter {script} is missing: run `blockdraft engines build llama.cpp`")
-    try:
-        # deferred: an optional dependency the converter imports for Qwen-family tokenizers; checked only here
-        import sentencepiece  # noqa: F401
-    except ImportError:
-        raise EngineError("llama.cpp's converter imports sentencepiece for Qwen-family tokenizers: "
-                          "pip install sentencepiece") from None
-    return script
-
-
-def run_converter(model_dir: Path, out_file: Path, *, target_dir: Path | None = None, outtype: str = "f32",
-                  log: Callable[[str], None] | None = None) -> None:
-    if outtype not in OUTTYPES:
-        raise ConfigError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    script = find_converter()
-    command = [sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out_file)]
-    if target_dir is not None:
-        command += ["--target-model-dir", str(target_dir)]
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if done.returncode != 0 or not out_file.is_file():
-        tail = "\n".join(line for line in done.stdout.splitlines()[-12:])
-        raise EngineError(f"llama.cpp's converter failed on {model_dir} (exit {done.returncode}):\n{tail}")
-    if log is not None:
-        log(f"wrote {out_file} ({out_file.stat().st_size / (1 << 20):.1f} MiB)")
-
-
-def _resolve_target_dir(target: str | Path) -> Path:
-    folder = Path(resolve_model(str(target)))
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"--target {target} is not a Hugging Face model folder (no config.json)")
-    return folder
+LLAMACPP = CONSUMERS["llama.cpp"]
 
 
 def _target_tensor(target_dir: Path, names: tuple[str, ...]) -> torch.Tensor:
@@ -117,10 +77,10 @@ def prepare_export(drafter_dir: str | Path, target_dir: Path, folder: Path, *,
                    drop_attention_bias: bool = False) -> tuple[list[str], dict]:
     """Write the converter's input folder for our drafter; returns (notes, facts about the export)."""
     source = resolve_drafter(drafter_dir)
-    backbone = load_backbone(source, "llama.cpp", runs_heads=RUNS_HEADS)
+    backbone = load_backbone(source, LLAMACPP)
     config, state, d2t, notes = backbone.config, backbone.state, backbone.d2t, backbone.notes
     target_config = _check_target(config, target_dir)
-    biases = _drop_attention_biases(state, source, drop_attention_bias, notes)
+    biases = [] if LLAMACPP.attention_bias else _drop_attention_biases(state, source, drop_attention_bias, notes)
     markov, confidence = backbone.heads.get("markov"), backbone.heads.get("confidence")
     _dspark_heads(source, markov, confidence, state, notes)
     raw = config.to_dict()
@@ -226,7 +186,7 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
         raise ConfigError(f"--out for llama.cpp is a .gguf file, got {out_file}")
     if out_file.is_dir():
         raise ConfigError(f"--out {out_file} is a folder; name a .gguf file")
-    target_dir = _resolve_target_dir(target)
+    target_dir = resolve_target_dir(target)
     # the file and its .gguf.json: never inside the drafter or the target, never someone else's file
     for path in (out_file, out_file.with_name(out_file.name + ".json")):
         check_out_file(path, owned=lambda path: overwrite, what="a file to replace (pass --overwrite)", hint="",
@@ -262,44 +222,6 @@ def export_drafter_gguf(drafter_dir: str | Path, target: str | Path, out_file: s
     return notes, facts
 
 
-def dflash_target_archs(tree: Path | None = None) -> set[str]:
-    """llama.cpp architectures whose graph exposes the per-layer hidden states a DFlash draft reads
-    (`t_layer_inp` set in `src/models/<arch>.cpp` of the tree); other targets crash the server at the first
-    drafted request (a failed `layer input tensor is null` assertion)."""
-    models = (tree or tree_dir(release_dir())) / "src" / "models"
-    return {path.stem.replace("-", "") for path in models.glob("*.cpp") if "t_layer_inp[" in path.read_text(errors="replace")}
-
-
-def gguf_architecture(path: str | Path) -> str:
-    field = open_gguf(path).fields.get("general.architecture")
-    return str(field.contents()) if field is not None else ""
-
-
-def check_dflash_target(target_gguf: str | Path, tree: Path | None = None) -> None:
-    """A named error when llama.cpp cannot feed a DFlash draft from this target GGUF's architecture."""
-    arch = gguf_architecture(target_gguf)
-    supported = dflash_target_archs(tree)
-    if arch.replace("-", "") not in supported:
-        raise EngineError(f"llama.cpp 11434 cannot draft with DFlash for a {arch!r} target ({target_gguf}): its {arch} "
-                          "graph does not expose the per-layer hidden states the draft reads, and the server aborts at "
-                          f"the first drafted request. Targets it supports: {', '.join(sorted(supported))}"
-                          + ("; a qwen2 GGUF runs as its llama-architecture copy: `blockdraft engines as-llama "
-                             f"{target_gguf} --out COPY.gguf`" if arch == "qwen2" else ""))
-
-
-def read_gguf_summary(path: str | Path) -> dict:
-    """Architecture, the DFlash metadata and the tensor names of a GGUF (gguf.GGUFReader)."""
-    reader = open_gguf(path)
-    fields = {}
-    for key, field in reader.fields.items():
-        if key.startswith(("dflash.", "general.architecture")) or key == "tokenizer.ggml.mask_token_id":
-            try:
-                fields[key] = field.contents()
-            except Exception:  # an exotic field type this gguf version cannot decode: skip it
-                continue
-    return {"fields": fields, "tensors": {t.name: [int(d) for d in t.shape] for t in reader.tensors}}
-
-
 def check_drafter_gguf(path: Path, facts: dict) -> dict:
     summary = read_gguf_summary(path)
     if summary["fields"].get("general.architecture") != "dflash":
@@ -314,39 +236,21 @@ def check_drafter_gguf(path: Path, facts: dict) -> dict:
     return summary
 
 
-def convert_target_gguf(target: str | Path, out_file: str | Path, *, outtype: str = "f32",
-                        overwrite: bool = False, log: Callable[[str], None] | None = None) -> Path:
-    """An HF target folder as an F32/F16/BF16 GGUF with the tree's converter (parity runs: the same
-    weights in both engines)."""
-    out_file = Path(out_file)
-    if out_file.exists() and not overwrite:
-        return out_file  # converted earlier: conversion is deterministic for one folder and outtype
-    target_dir = _resolve_target_dir(target)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_file.with_name(out_file.name + ".partial")
-    partial.unlink(missing_ok=True)
-    try:
-        run_converter(target_dir, partial, outtype=outtype, log=None)
-        os.replace(partial, out_file)
-    finally:
-        partial.unlink(missing_ok=True)
-    if log is not None:
-        log(f"wrote {out_file}")
-    return out_file
-
-
-def target_gguf_path(target: str, outtype: str) -> Path:
-    """Where `convert_target_gguf` keeps a converted asset target: $BLOCKDRAFT_HOME/engines/llama.cpp/gguf/."""
-    name = Path(str(target).rstrip("/")).name
-    return engine_root() / "gguf" / f"{name}-{outtype}.gguf"
-
-
-def shipped_target_gguf(target: str) -> Path:
-    """The asset's own Q4_K_M GGUF, kept by `blockdraft assets fetch NAME --keep-sources`."""
-    name = Path(str(target).rstrip("/")).name
-    path = home() / "gguf" / f"{name}.gguf"
-    if not path.is_file():
-        raise EngineError(f"{path} is missing: the shipped GGUF is deleted after conversion unless kept; run "
-                          f"`blockdraft assets fetch {name} --force --keep-sources`, or use an F16/F32 target "
-                          "(gguf=f32) converted from the HF folder")
-    return path
+def draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, dict]:
+    """An exported drafter GGUF and its facts (the .gguf.json) for the bench: given as one, or exported once
+    into the engine's cache, keyed by the drafter's files, the target and `drop_bias`."""
+    if drafter.endswith(".gguf"):
+        path = Path(drafter)
+        sidecar = path.with_name(path.name + ".json")
+        if not path.is_file() or not sidecar.is_file():
+            raise EngineError(f"{path} (and its .gguf.json from `blockdraft export --for llama.cpp`) must exist")
+        return path, read_json(sidecar, what="draft GGUF facts")
+    folder = Path(resolve_drafter(drafter))
+    key = "|".join([*(file_sha256(folder / name) for name in ("config.json", "model.safetensors")), target_name,
+                    str(drop_bias)])
+    path = engine_root() / "drafts" / f"{folder.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.gguf"
+    sidecar = path.with_name(path.name + ".json")
+    if path.is_file() and sidecar.is_file():
+        return path, json.loads(sidecar.read_text())
+    _, facts = export_drafter_gguf(folder, target_name, path, drop_attention_bias=drop_bias, overwrite=True)
+    return path, json.loads(sidecar.read_text()) if sidecar.is_file() else facts

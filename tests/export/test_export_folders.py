@@ -1,4 +1,4 @@
-"""Checkpoints other engines read: the o_proj bias of Qwen2-family drafters, the recorded
+"""Folders other engines read (`export/folders.py`): the o_proj bias of Qwen2-family drafters, the recorded
 embedding scale and soft-cap, and `export --for zlab|vllm|sglang` checked the way each consumer loads.
 
 The reference package (`dflash==0.1.0`, installed with --no-deps) is run for real when present. vLLM
@@ -18,8 +18,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import blockdraft
-from blockdraft.checkpoints import export_drafter, init_drafter, load_drafter, save_drafter
+from blockdraft.checkpoints import init_drafter, load_drafter, save_drafter
 from blockdraft.config import ConfigError
+from blockdraft.export.folders import export_drafter
 from blockdraft.targets.transformers import Target
 from blockdraft.tiny import tiny_config, tiny_target
 from blockdraft.train.quick import quick_fit
@@ -442,9 +443,7 @@ def test_export_cli_writes_each_consumer_folder_and_names_bad_input(chat_model, 
 
 
 def test_export_drafter_names_the_gguf_writer_for_llamacpp(tmp_path):
-    """checkpoints/ writes folders; llama.cpp's GGUF comes from the engines package (no lower-to-higher import)."""
-    from blockdraft.checkpoints import export_drafter
-
+    """The folder writer refuses a consumer that reads a GGUF file, naming the writer that makes one."""
     with pytest.raises(ConfigError, match="export_drafter_gguf"):
         export_drafter(tmp_path / "drafter", tmp_path / "out", "llama.cpp")
     assert not (tmp_path / "out").exists()

