@@ -39,7 +39,8 @@ def generate(target: TargetModel, drafter: Drafter | None, prompt_ids: torch.Ten
     nodes built from it (DDTree over a DFlash drafter's slot marginals; other drafters' proposals
     as they come); "measured" picks each round's node count from verify passes timed on this machine.
     `num_proposals`: the most tokens proposed per round (None: the drafter's maximum); "measured" cuts each
-    round's chain to the length with the most expected tokens per second (`decode/width.py`).
+    round's chain to the length with the most expected tokens per second (`decode/width.py`); "scheduled"
+    drafts and verifies only what is expected to beat a plain step (`decode/schedule.py`).
     """
     if drafter is not None:
         check_drafter_target(drafter, target)
@@ -117,10 +118,11 @@ def _stop_ids(target: TargetModel, stop_token_ids: Iterable[int] | None) -> list
 def _check_counts(max_new_tokens: int, num_proposals: int | str | None) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if num_proposals is None or num_proposals == "measured":
+    if num_proposals is None or num_proposals in ("measured", "scheduled"):
         return
     if isinstance(num_proposals, bool) or not isinstance(num_proposals, int) or num_proposals < 1:
-        raise ConfigError(f"num_proposals must be an integer >= 1, 'measured' (each round's count chosen by cost) "
+        raise ConfigError(f"num_proposals must be an integer >= 1, 'measured' (each round's count chosen by cost), "
+                          "'scheduled' (the drafting rule of decode/schedule.py) "
                           f"or None (the drafter's maximum), got {num_proposals!r}")
 
 

@@ -28,16 +28,22 @@ Kinds (`DRAFTERS`, one `DrafterKind` each: a builder and what it reads):
 Options every kind but `ar` takes (one parser, one set of defaults, `OPTIONS`):
 - `tree=N|measured`: verify a draft tree of at most N nodes per round (`drafters/tree.py`: DDTree over a
   DFlash drafter's slot marginals, other proposals as they come; `measured`: each round's node count
-  from verify passes timed at load). Default: chains; 32 nodes for `hybrid`, which is always a tree;
-- `proposals=K|measured`: K tokens proposed per round (a small-AR draft and lookup continuations are
+  from verify passes timed at load). Default: chains; `measured` for `hybrid`, which is always a tree;
+- `proposals=K|measured|scheduled`: K tokens proposed per round (a small-AR draft and lookup continuations are
   built K long), or `measured`: each round's chains cut to the length with the most expected tokens per
-  second at the current batch size (`decode/width.py`). Default: the drafter's own maximum;
+  second at the current batch size, acceptance counted in this run (`decode/width.py`), or `scheduled`: the
+  one drafting rule (`decode/schedule.py`): a draft is verified only as deep as its expected committed tokens
+  beat a plain step at the re-timed verify cost, acceptance counted per evidence bucket across a process's
+  prompts, no drafting where no draft can pay. Default: `scheduled` for `lookup` and `hybrid`, else the
+  drafter's own maximum;
 - `gate=measured`: draft only while drafting pays: each round drafts when the rounds that drafted have
   committed at least as many tokens per second as the rounds that did not, measured on this machine,
   with probes while it loses (`drafters/gate.py`). Default: draft every round.
 
 Defaults that depend on other options: `branches` 1 for a chain, 4 in a tree (a hybrid is a tree);
-`ngram` 3, or `min_ngram` when that is longer; `tokens` K of `proposals=K`, else 10; `min_ngram` 1.
+`ngram` 3, or `min_ngram` when that is longer; `tokens` K of `proposals=K`, 32 under `proposals=scheduled`
+(the rule cuts them), else 10; `min_ngram` 1. A kind's own defaults (`DrafterKind.defaults`): `lookup`
+`proposals=scheduled`; `hybrid` `proposals=scheduled,tree=measured`.
 
 Adding a kind is one builder `build(arg, options, context) -> (drafter, info)` and one line
 `DRAFTERS["name"] = DrafterKind(build, ...)` (worked example: docs/design.md, "Adding things").
@@ -65,9 +71,9 @@ from .targets import load_target
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_SMALL_AR_PROPOSALS = 4  # K of `small-ar` (B = 5) unless proposals=K or bench's --block-size says otherwise
 DEFAULT_LOOKUP_TOKENS = 10
+DEFAULT_SCHEDULED_LOOKUP_TOKENS = 32  # under proposals=scheduled: the rule verifies only what pays of them
 DEFAULT_LOOKUP_NGRAM = 3
 DEFAULT_TREE_BRANCHES = 4
-DEFAULT_HYBRID_TREE = 32
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -82,7 +88,7 @@ def tree_budget(value: str | None) -> int | str | None:
 
 
 def proposal_count(text: str) -> int | str:
-    return "measured" if text == "measured" else positive_int(text)
+    return text if text in ("measured", "scheduled") else positive_int(text)
 
 
 def _tree(text: str) -> int | str:
@@ -94,7 +100,7 @@ def _tree(text: str) -> int | str:
 
 OPTIONS: dict[str, Option] = {
     "tree": Option("N|measured", f"a tree budget: an integer in [1, {MAX_TREE_BUDGET}] nodes or measured", _tree),
-    "proposals": Option("K|measured", "a positive integer or measured", proposal_count),
+    "proposals": Option("K|measured|scheduled", "a positive integer or measured, or scheduled", proposal_count),
     "markov": Option("on|off", "on or off", choice("on", "off"), "on"),
     "heads": Option("on|off", "on or off", choice("on", "off"), "on"),
     "threshold": Option("T", "a number in [0, 1]", unit_interval, 0.0),
@@ -115,10 +121,13 @@ class DraftOptions:
     or the default of `OPTIONS` when not given."""
 
     given: Mapping[str, str] = field(default_factory=dict)
+    defaults: Mapping[str, str] = field(default_factory=dict)  # the kind's own defaults (`DrafterKind.defaults`)
 
     def __getitem__(self, key: str) -> Any:
         option = OPTIONS[key]
-        return option.parse(self.given[key]) if key in self.given else option.default
+        if key in self.given:
+            return option.parse(self.given[key])
+        return option.parse(self.defaults[key]) if key in self.defaults else option.default
 
     def fixed_proposals(self) -> int | None:
         """K of `proposals=K`; None for the default or `measured`."""
@@ -166,6 +175,7 @@ class DrafterKind:
     # default_arg); None: the kind is no hybrid source
     source: Callable[[str | None, DraftOptions, BuildContext], Any] | None = None
     check_arg: Callable[[str], Any] | None = None  # validates the argument when the spec is parsed (models not loaded)
+    defaults: Mapping[str, str] = field(default_factory=dict)  # options it takes when not given, as written
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -216,7 +226,7 @@ def make_spec(kind: str, arg: str | None, given: Mapping[str, str], *, text: str
         raise ConfigError(f"method '{kind}' needs {entry.needs}")
     if arg is not None and entry.arg is None:
         raise ConfigError(f"method '{kind}' takes no argument, got {shown!r}")
-    spec = DrafterSpec(kind, arg if arg is not None else entry.default_arg, DraftOptions(dict(given)))
+    spec = DrafterSpec(kind, arg if arg is not None else entry.default_arg, DraftOptions(dict(given), entry.defaults))
     if entry.check_arg is not None and spec.arg is not None:
         entry.check_arg(spec.arg)
     return spec
@@ -318,15 +328,24 @@ def _lookup(target: TargetModel, corpus: str | None, options: DraftOptions, tree
     index = CorpusIndex.from_jsonl(corpus, target.tokenizer, min_ngram=min_ngram, max_ngram=max_ngram,
                                    vocab_size=target.vocab_size) if corpus else None
     branches = options["branches"] or (DEFAULT_TREE_BRANCHES if tree else 1)
-    tokens = options["tokens"] or options.fixed_proposals() or DEFAULT_LOOKUP_TOKENS
+    tokens = lookup_tokens(options)
     return LookupDrafter(tokens, min_ngram=min_ngram, max_ngram=max_ngram, max_branches=branches, corpus=index)
+
+
+def lookup_tokens(options: DraftOptions) -> int:
+    """Tokens a lookup continuation holds: `tokens=`, else K of `proposals=K`, else 32 under the scheduled rule
+    (it verifies only what pays), else 10."""
+    scheduled = options["proposals"] == "scheduled"
+    return (options["tokens"] or options.fixed_proposals()
+            or (DEFAULT_SCHEDULED_LOOKUP_TOKENS if scheduled else DEFAULT_LOOKUP_TOKENS))
 
 
 def build_lookup(arg: str | None, options: DraftOptions, context: BuildContext) -> tuple[LookupDrafter, dict]:
     tree = options["tree"]
     drafter = _lookup(context.target, arg or None, options, tree is not None)
     return drafter, {"kind": "lookup", "corpus": arg or None, "tree": tree, "branches": drafter.max_branches,
-                     "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram, "tokens": drafter.max_proposals}
+                     "max_ngram": drafter.max_ngram, "min_ngram": drafter.min_ngram, "tokens": drafter.max_proposals,
+                     "proposals": options["proposals"]}
 
 
 def hybrid_sources(arg: str) -> list[tuple[str, str | None]]:
@@ -349,13 +368,13 @@ def hybrid_sources(arg: str) -> list[tuple[str, str | None]]:
 
 def build_hybrid(arg: str | None, options: DraftOptions, context: BuildContext) -> tuple[TreeDrafter, dict]:
     sources = hybrid_sources(arg)
-    tree = options["tree"] or DEFAULT_HYBRID_TREE
+    tree = options["tree"]  # measured unless given (the kind's default)
     drafters = [DRAFTERS[kind].source(value or DRAFTERS[kind].default_arg, options, context) for kind, value in sources]
     drafter = TreeDrafter(drafters, tree, labels=[kind for kind, _ in sources], target=context.target,
                           fallback=options["mode"] == "fallback")
     return drafter, {"kind": "hybrid", "sources": [{"kind": k, "arg": v} for k, v in sources], "tree": tree,
                      "mode": options["mode"], "min_ngram": options["min_ngram"],
-                     "tokens": options["tokens"] or options.fixed_proposals() or DEFAULT_LOOKUP_TOKENS,
+                     "tokens": lookup_tokens(options), "proposals": options["proposals"],
                      "branches": options["branches"] or DEFAULT_TREE_BRANCHES}
 
 
@@ -374,7 +393,9 @@ DRAFTERS: dict[str, DrafterKind] = {
                             source=small_ar_source),
     "dflash": DrafterKind(build_dflash, ("markov", "heads", "threshold", "cost"), arg="PATH",
                           needs="the drafter folder: dflash:PATH", block_size="caps", source=dflash_source),
-    "lookup": DrafterKind(build_lookup, LOOKUP_OPTIONS, arg="CORPUS.jsonl", source=lookup_source),
+    "lookup": DrafterKind(build_lookup, LOOKUP_OPTIONS, arg="CORPUS.jsonl", source=lookup_source,
+                          defaults={"proposals": "scheduled"}),
     "hybrid": DrafterKind(build_hybrid, ("mode", *LOOKUP_OPTIONS), arg="lookup+small-ar+dflash=PATH",
-                          needs="its sources: hybrid:lookup+small-ar[,tree=N]", check_arg=hybrid_sources),
+                          needs="its sources: hybrid:lookup+small-ar[,tree=N]", check_arg=hybrid_sources,
+                          defaults={"proposals": "scheduled", "tree": "measured"}),
 }

@@ -12,10 +12,12 @@ import pytest
 from blockdraft.cli import build_parser, main
 from blockdraft.cli.run import drafter_spec
 from blockdraft.config import ConfigError, SamplingConfig
+from blockdraft.decode.cost import VerifyCost
 from blockdraft.drafter_spec import DRAFTERS, parse_spec
 from blockdraft.eval.methods import build_runners, parse_method
 from blockdraft.targets import load_target
 from chat_fixtures import save_tiny_chat_model
+from helpers import pin_verify_costs
 
 DESIGN = Path(__file__).resolve().parents[1] / "docs" / "design.md"
 
@@ -62,7 +64,11 @@ def test_generate_flags_are_shorthand_for_specs():
             _spec(*flags)
 
 
-def test_generate_method_decodes_as_the_flags(model_folder, drafter_dir, tmp_path, capsys):
+def test_generate_method_decodes_as_the_flags(model_folder, drafter_dir, tmp_path, capsys, monkeypatch):
+    # lookup and hybrids default to the scheduled rule, whose cuts read timings: a flat pinned curve that the run's
+    # own passes do not re-time makes both runs choose alike (the rule itself: tests/decode/test_schedule.py)
+    pin_verify_costs(monkeypatch, lambda rows, k: 1.0)
+    monkeypatch.setattr(VerifyCost, "observe", lambda self, k, seconds, rows=1: None)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"text": "w1 w2 w3 w4 w1 w2"}) + "\n")
     common = ["generate", "--target", str(model_folder), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "12",

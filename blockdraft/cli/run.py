@@ -203,10 +203,10 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def _proposal_count(text: str) -> int | str:
-    if text == "measured":
+    if text in ("measured", "scheduled"):
         return text
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'measured', got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, 'measured' or 'scheduled', got {text!r}")
     return int(text)
 
 
@@ -219,9 +219,10 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "(docs/benchmarks.md); the flags below are shorthand for one")
     parser.add_argument("--drafter", help="DFlash drafter checkpoint folder (shorthand for --method dflash:DIR)")
     parser.add_argument("--draft-model", help="small causal LM (folder or asset name) for the small-AR baseline")
-    parser.add_argument("--num-proposals", type=_proposal_count, default=None, metavar="K|measured",
-                        help="tokens proposed per round (default: drafter block size - 1; small-AR: 4); `measured`: "
-                             "each round's count chosen by cost at the current batch size (decode/width.py)")
+    parser.add_argument("--num-proposals", type=_proposal_count, default=None, metavar="K|measured|scheduled",
+                        help="tokens proposed per round (default: drafter block size - 1; small-AR: 4; lookup: "
+                             "scheduled); `measured`: each round's count chosen by cost at the current batch size "
+                             "(decode/width.py); `scheduled`: the drafting rule (decode/schedule.py)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -39,6 +39,7 @@ from .proposal import Proposal
 from .target import TargetModel
 from ..timing import timed
 
+RETIME_WEIGHT = 0.2  # a measured pass's weight at its timed point (VerifyCost.observe)
 _TIMED: "weakref.WeakKeyDictionary[TargetModel, dict[tuple[int, int], float]]" = weakref.WeakKeyDictionary()
 
 
@@ -47,6 +48,19 @@ def best_prefix(expected_cumulative: Sequence[float], costs: Sequence[float], fi
     prefix of `first + i` tokens; ties go to the shorter prefix."""
     rates = np.asarray(expected_cumulative, dtype=np.float64) / np.asarray(costs, dtype=np.float64)
     return first + int(np.argmax(rates))
+
+
+def worth_verifying(expected: Sequence[float], costs: Sequence[float], plain_cost: float) -> int:
+    """The scheduled rule (`decode/schedule.py`): expected[k] tokens committed by a round verifying k drafted tokens
+    (expected[0] the plain round's), costs[k] its seconds (the drafting included for k >= 1), plain_cost the
+    seconds of a plain step. A k >= 1 is verified only when expected[k] / costs[k] > expected[0] / plain_cost
+    (it beats the target's own step); of those, the one with the most tokens per second (ties to the shorter);
+    0 when none beats the plain step."""
+    rates = np.asarray(expected, dtype=np.float64) / np.asarray(costs, dtype=np.float64)
+    if len(rates) < 2:
+        return 0
+    best = best_prefix(rates[1:], np.ones(len(rates) - 1), first=1)
+    return best if rates[best] > float(expected[0]) / plain_cost else 0
 
 
 def row_points(max_rows: int) -> list[int]:
@@ -171,6 +185,32 @@ class VerifyCost:
     def __call__(self, k: float, rows: int = 1) -> float:
         per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
         return float(np.interp(k, self.ks_timed, per_k))
+
+    def observe(self, k: int, seconds: float, rows: int = 1, weight: float = RETIME_WEIGHT) -> None:
+        """Re-time the curve from a pass the run made (R rows of k + 1 tokens took `seconds`): the timed points
+        around (R, k) move toward it by `weight` times their interpolation weight (a least-mean-squares step
+        on the piecewise-linear curve; at a timed point, an exponential moving average), the error clipped to
+        [-1/2, +1] of the prediction so one stalled pass moves it by a bounded step."""
+        if not seconds > 0:
+            return
+        weights = np.outer(_interp_weights(rows, self.rows_timed), _interp_weights(k, self.ks_timed))  # (rows, ks)
+        predicted = float((weights * self.table).sum())
+        error = float(np.clip(seconds - predicted, -0.5 * predicted, predicted))
+        self.table += weight * weights * error
+
+
+def _interp_weights(x: float, points: Sequence[int]) -> np.ndarray:
+    """The weights np.interp gives each of `points` at x (x clamped to their range)."""
+    points = np.asarray(points, dtype=np.float64)
+    weights = np.zeros(len(points))
+    x = float(np.clip(x, points[0], points[-1]))
+    right = int(np.searchsorted(points, x, "left"))
+    if points[right] == x:
+        weights[right] = 1.0
+    else:
+        fraction = (x - points[right - 1]) / (points[right] - points[right - 1])
+        weights[right - 1], weights[right] = 1.0 - fraction, fraction
+    return weights
 
 
 class TargetVerifyCost:

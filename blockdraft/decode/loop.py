@@ -25,6 +25,7 @@ from .accept import accept
 from .rows import batch_drafter
 from .sampling import choose
 from .tree import depths as tree_depths
+from .schedule import schedule_for
 from .width import CostAwareWidth
 
 
@@ -41,6 +42,7 @@ class RoundRecord:
     accepted_sources: list[str] | None = None  # hybrid trees: the drafters that proposed each accepted token
     q_proposed: list[float] | None = None  # drafter probability of each proposal (when record_q is on)
     batch_round: int | None = None  # batched decoding: the batch's round this row took part in (0, 1, ...)
+    schedule: dict | None = None  # num_proposals="scheduled": the row's evidence bucket, drafted and verified k
 
 
 @dataclass
@@ -110,7 +112,8 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, prompt_id
     """Generate up to `max_new_tokens` tokens after prompt_ids (1, n); lossless for any drafter.
 
     `num_proposals` caps the tokens proposed per round (default: the drafter's maximum); "measured"
-    picks each round's count by cost (`width.py`).
+    picks each round's count by cost (`width.py`); "scheduled" drafts and verifies by the one drafting rule
+    (`schedule.py`: per-bucket acceptance kept across prompts, plain steps where no draft pays).
     `record_q` stores the drafter's probability of each proposal in the round records (for the
     surrogate check (`eval/metrics.py`); it costs one softmax over the proposals).
     """
@@ -149,9 +152,9 @@ def _check_run(target: TargetModel, drafter: Drafter, prompts: Sequence[torch.Te
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
                           f"prompt at once), got {max_batch!r}")
-    measured = num_proposals == "measured"
+    measured = num_proposals in ("measured", "scheduled")
     if not measured and num_proposals is not None and (isinstance(num_proposals, str) or num_proposals < 0):
-        raise ConfigError(f"num_proposals must be >= 0, None or 'measured', got {num_proposals!r}")
+        raise ConfigError(f"num_proposals must be >= 0, None, 'measured' or 'scheduled', got {num_proposals!r}")
     proposals = (drafter.max_proposals if num_proposals is None or measured
                  else min(num_proposals, drafter.max_proposals))
     for prompt in prompts:
@@ -210,6 +213,7 @@ def decode(target: TargetModel, drafter: Drafter | None, prompts: Sequence[torch
     prompts = [p.to(device) for p in prompts]
     slots = len(prompts) if max_batch is None else min(max_batch, len(prompts))
     width_rule = CostAwareWidth(target, proposals, slots) if num_proposals == "measured" and proposals else None
+    schedule = schedule_for(drafter, target, proposals, slots) if num_proposals == "scheduled" and proposals else None
     drafters = batch_drafter(drafter, len(prompts))
     requests = _Requests(prompts, max_new_tokens, proposals, seeds, set(int(t) for t in stop_token_ids))
     results, cache = requests.results, target.open_rows(drafter.target_layer_ids)
@@ -239,12 +243,18 @@ def decode(target: TargetModel, drafter: Drafter | None, prompts: Sequence[torch
         active, t_round = cache.rows, time.perf_counter()
         # propose: every row's tree, each on its row's own committed text (one drafter pass for DFlash)
         budgets = [min(proposals, max_new_tokens - len(results[row].tokens) - 1) for row in active]
+        drafting = schedule is None or schedule.drafts(len(active), max(budgets))
+        if not drafting:  # no draft could pay: the target's own step
+            budgets = [0] * len(active)
         row_proposals = drafters.propose(active, [requests.committed(row) for row in active], budgets, sampling,
                                          [requests.generators[row] for row in active])
+        t_drafted = time.perf_counter()
         for proposal, budget in zip(row_proposals, budgets):
             check_depth(proposal, budget)
         if width_rule is not None:  # every chain cut to the round's cost-aware length
             row_proposals = width_rule.cut_round(row_proposals)
+        if schedule is not None:  # every draft cut to the depth the drafting rule verifies (0: a plain step)
+            row_proposals = schedule.cut_round(row_proposals)
         # verify: every row's [anchor, nodes] in one target pass
         synchronize(device)
         t_verify = time.perf_counter()
@@ -270,8 +280,12 @@ def decode(target: TargetModel, drafter: Drafter | None, prompts: Sequence[torch
                                 None if out.features is None else out.features[index:index + 1, committed])
             results[row].rounds.append(_record(proposal, path, count, draft_s, verify_s, record_q,
                                                round_number if len(prompts) > 1 else None))
+            if schedule is not None:
+                results[row].rounds[-1].schedule = schedule.choices[index].record()
         if width_rule is not None:
             width_rule.observe_round(row_proposals, paths)
+        if schedule is not None:
+            schedule.observe_round(row_proposals, paths, t_drafted - t_round if any(budgets) else None, verify_s)
         # keep: each row its past plus the slots it committed; the cache shrinks to the longest
         cache.keep(still, starts, kept, paths, out.logits.shape[1])
         synchronize(device)

@@ -14,7 +14,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from ..config import SamplingConfig
-from .tree import check_tree, is_chain
+from .tree import check_tree, depths, is_chain
 
 
 @dataclass
@@ -34,6 +34,10 @@ class Proposal:
     slot_marginals: bool = False  # logits[k] scores slot k without looking at the tokens drafted before it
     sources: list[int] | None = None  # per node, a bitmask over `source_labels` of who proposed it
     source_labels: tuple[str, ...] = ()
+    # what the drafter knows of this draft's chances (lookup: where it matched and how long the match runs), the
+    # bucket whose acceptance the scheduled rule reads (`decode/schedule.py`); hashable, and a function of the
+    # committed text only, never of a random draw, so a cut that reads it stays lossless; None: no evidence
+    evidence: tuple | None = None
 
     def __post_init__(self):
         # chain or tree, worked out once: the loop, the cache, the width rule and the records all ask
@@ -58,6 +62,25 @@ class Proposal:
         return dataclasses.replace(self, **{name: value[:k] for name in ("tokens", "q_draft", "logits", "parents",
                                                                           "sources")
                                             if (value := getattr(self, name)) is not None})
+
+    def to_depth(self, depth: int) -> "Proposal":
+        """The nodes at most `depth` deep (a chain: its first `depth`; a tree: the subtree above that depth, still
+        a tree as parents come first). The tree walk is exact for any tree, so cutting one by its shape loses
+        nothing; a chain's cut is `prefix`'s."""
+        if not self.is_tree:
+            return self.prefix(depth)
+        node_depths = depths(self.parents)
+        if max(node_depths) <= depth:
+            return self
+        keep = [node for node, d in enumerate(node_depths) if d <= depth]
+        if not keep:
+            return dataclasses.replace(Proposal.empty(self.tokens.device), evidence=self.evidence)
+        index = {node: position for position, node in enumerate(keep)}
+        parents = torch.tensor([-1 if int(self.parents[node]) < 0 else index[int(self.parents[node])] for node in keep],
+                               dtype=self.parents.dtype, device=self.parents.device)
+        return dataclasses.replace(self, tokens=self.tokens[keep], parents=parents, q_draft=None,
+                                   logits=None if self.logits is None else self.logits[:depth],
+                                   sources=None if self.sources is None else [self.sources[n] for n in keep])
 
     def token_probs(self) -> torch.Tensor | None:
         """(k,) the drafter's probability of each proposed chain token (the q_k of the surrogate S~).

@@ -186,8 +186,16 @@ class LookupDrafter:
     def continuations(self, ids: torch.Tensor, depth: int) -> list[list[int]]:
         """Distinct continuations of the committed tokens ids (1, L): longest n-gram first, then the
         most recent occurrence first; the context before the corpus."""
+        return [continuation for continuation, _ in self.matches(ids, depth)]
+
+    def matches(self, ids: torch.Tensor, depth: int) -> list[tuple[list[int], tuple]]:
+        """`continuations` with each one's evidence: ("context", run) where run is how many tokens before the
+        continuation agree with the end of the committed text (`match_run`, bucketed 1, 2, 3, 4, 8, 16, 32: at
+        least the n-gram, more where a passage is being copied), ("corpus", n) for a corpus n-gram. A function of
+        the committed text only, as the scheduled rule needs (`decode/schedule.py`)."""
         sequence = ids[0]
         found: list[list[int]] = []
+        evidence: list[tuple] = []
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if sequence.shape[0] <= n or len(found) >= self.max_branches:
                 continue
@@ -198,6 +206,7 @@ class LookupDrafter:
                 continuation = sequence[start + n:start + n + depth].tolist()
                 if continuation not in found:
                     found.append(continuation)
+                    evidence.append(("context", run_bucket(match_run(sequence, start + n))))
                     if len(found) >= self.max_branches:
                         break
         if self.corpus is not None:
@@ -208,18 +217,38 @@ class LookupDrafter:
                 for continuation in self.corpus.continuations(tail[-n:], depth, self.max_branches - len(found)):
                     if continuation not in found:
                         found.append(continuation)
-        return found[:self.max_branches]
+                        evidence.append(("corpus", n))
+        return list(zip(found, evidence))[:self.max_branches]
 
     def propose(self, ids: torch.Tensor, num_proposals: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         depth = min(num_proposals, self.max_proposals)
-        found = self.continuations(ids, depth) if depth > 0 else []
-        if not found:
+        matched = self.matches(ids, depth) if depth > 0 else []
+        if not matched:
             return Proposal.empty(ids.device)
+        found, evidence = [continuation for continuation, _ in matched], matched[0][1]
         if self.max_branches == 1:
-            return Proposal(tokens=torch.tensor(found[0], dtype=torch.long, device=ids.device))
+            return Proposal(tokens=torch.tensor(found[0], dtype=torch.long, device=ids.device), evidence=evidence)
         builder = TreeBuilder(budget=depth * self.max_branches)
         for path in found:
             builder.add_path(path, source=0)
         tokens, parents, _ = builder.build(ids.device)
-        return Proposal(tokens=tokens, parents=parents)
+        return Proposal(tokens=tokens, parents=parents, evidence=evidence)
+
+
+MAX_RUN = 32  # tokens a match is followed back (the longest evidence bucket)
+
+
+def match_run(sequence: torch.Tensor, end: int) -> int:
+    """How many tokens ending just before position `end` equal the last tokens of `sequence` (L,), at most
+    `MAX_RUN`: the length of the match an occurrence's continuation follows."""
+    length = min(MAX_RUN, end, sequence.shape[0] - 1)
+    earlier = sequence[end - length:end].flip(0)
+    latest = sequence[sequence.shape[0] - length:].flip(0)
+    differ = (earlier != latest).nonzero()
+    return int(differ[0]) if differ.numel() else length
+
+
+def run_bucket(run: int) -> int:
+    """1, 2, 3, then powers of two (4-7 -> 4, ..., 32)."""
+    return run if run < 4 else 1 << (min(run, MAX_RUN).bit_length() - 1)

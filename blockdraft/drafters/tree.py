@@ -163,7 +163,10 @@ class TreeDrafter:
                 builder.add_tree(proposal.tokens.tolist(), parents, index)
         self.last_budget = len(builder.tokens)
         tokens, parents, sources = builder.build(ids.device)
-        return Proposal(tokens=tokens, parents=parents, sources=sources, source_labels=self.labels)
+        # the scheduled rule's bucket (`decode/schedule.py`): which sources proposed, with their own evidence
+        evidence = tuple((label, p.evidence) for label, p in zip(self.labels, proposals) if _proposes(p))
+        return Proposal(tokens=tokens, parents=parents, sources=sources, source_labels=self.labels,
+                        evidence=evidence or None)
 
     def _add_marginal_tree(self, builder: TreeBuilder, proposal: Proposal, source: int, sampling: SamplingConfig,
                            draft_s: float, rows: int) -> None:

@@ -129,6 +129,8 @@ def _round_columns(rounds) -> dict[str, list]:
         columns["accepted_sources"] = [r.accepted_sources for r in rounds]
     if any(r.batch_round is not None for r in rounds):
         columns["batch_round"] = [r.batch_round for r in rounds]
+    if any(r.schedule is not None for r in rounds):  # proposals=scheduled: evidence bucket, drafted and verified k
+        columns["schedule"] = [r.schedule for r in rounds]
     return columns
 
 
@@ -143,12 +145,12 @@ class LoopRunner:
     drafter: Any  # a Drafter, or None for plain decoding
     sampling: SamplingConfig
     record_q: bool = True
-    measured_proposals: bool = False  # `proposals=measured`: each round's count chosen by cost
+    chosen_proposals: str | None = None  # `proposals=measured|scheduled`: each round's count chosen by cost
 
     @property
     def num_proposals(self) -> int | str | None:
-        if self.measured_proposals:
-            return "measured"
+        if self.chosen_proposals is not None:
+            return self.chosen_proposals
         return None if self.block_size is None else self.block_size - 1
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement:
@@ -263,7 +265,8 @@ def _loop_runners(name: str, block_sizes: tuple[int, ...] | None, target: Target
             raise ConfigError(f"--block-size {block_size} needs {block_size - 1} proposals but the drafter "
                               f"{spec.arg} proposes at most {native - 1} (its block size is {native}); "
                               f"use --block-size <= {native}")
-        runners.append(LoopRunner(name, block_size, target, drafter, sampling, record_q, proposals == "measured"))
+        runners.append(LoopRunner(name, block_size, target, drafter, sampling, record_q,
+                                  proposals if isinstance(proposals, str) else None))
     return runners, info
 
 

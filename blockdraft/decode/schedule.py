@@ -1,0 +1,214 @@
+"""`num_proposals="scheduled"`: one drafting rule for every drafter kind, for a verify cost that is concave in k.
+
+Where a verify pass over k + 1 tokens costs t(k) and a plain step t(0), a round that verifies k drafted tokens
+pays only when the tokens it is expected to commit beat the plain step's rate:
+
+    verify k  only if  E_k / (t_draft + t(k)) > 1 / t(0),    E_k = 1 + sum_{i <= k} P(drafted token i is accepted),
+
+and of the k that pass, the one with the most expected tokens per second (`cost.py::worth_verifying`; at R rows,
+the rows' E summed against t_R). No k passing means a plain step: nothing is verified, the target's own step.
+On a CPU whose 2-token pass costs 1.9 steps this never verifies one token unless its acceptance exceeds 0.9, and
+verifies 16 at 6 steps when the evidence says most of them will stand: long drafts on strong evidence, plain
+steps otherwise. The same rule reads every drafter: a chain is cut to its first k tokens, a tree (lookup
+branches, DDTree, hybrids) to its nodes at most k deep (`Proposal.to_depth`, the cost read at its node count).
+
+P comes from counts, not from the drafter's own confidence. The counts live across a process's prompts (one
+`Schedule` per drafter object and target, as the verify-cost timings live per target), per drafter and per
+evidence bucket: the `evidence` a proposal carries (lookup: the source it matched in and how many tokens the
+match runs back, 1, 2, 3, 4-7, ..., 32+; drafters without evidence share one bucket). In a bucket, slot j's
+conditional acceptance a_j (accepted when slots 1..j-1 were) has a Beta posterior: Beta(1, 1) before slot 1 is
+seen (a coin), and for a deeper slot a Beta of strength `DEEPER_PRIOR` centred on the posterior mean of the slot
+before, so a slot never verified looks like the deepest one that was (lookup's continuations are accepted whole
+or not at all: after a copy's first slots stand, the rule tries longer ones). P(token i) = prod_{j <= i} a_j.
+Counts are capped at `MAX_COUNT` verifications a slot (older ones scaled down), so the posterior follows drift.
+
+Exploration is optimism where a draft could pay, and only there: when the posterior means say no k pays, the
+rule asks again with each a_j at its posterior's `OPTIMISM` quantile (an upper confidence bound, as in UCB); if a
+k passes then, it is verified (an exploring round: its outcome narrows the bound), else the round is plain. A
+bucket whose upper bound cannot beat the plain step is not probed at all, and one that is explored stops being
+explored as soon as its bound falls below the cost: no fixed probe interval that costs more than it teaches.
+Before drafting, a drafter whose draft takes time (DFlash, small-AR) is asked to draft only when some bucket's
+upper bound pays for the draft too (`drafts`), so a drafter that cannot pay on this machine stops drafting.
+
+Verify costs are re-timed as the run goes: each round's measured verify pass (its row count and node count)
+moves the timed curve (`VerifyCost.observe`), so start-up timings taken on a quiet moment do not decide a
+whole run; the drafting time is an exponential moving average of the rounds that drafted.
+
+Lossless by construction: a round's cut reads the counts and timings of earlier rounds and the current draft's
+shape and evidence (lookup's: a function of the committed text), never the target's verdict on this round nor
+a drafted token's value; a chain's first k tokens drawn from q_1..q_K are a chain drawn from q_1..q_k, the tree
+walk is exact on any tree, and a round without drafts is the target's own step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import numpy as np
+from scipy.special import betaincinv
+
+from .cost import VerifyCost, worth_verifying
+from .proposal import Proposal
+from .tree import depths
+from .target import TargetModel
+
+FIRST_PRIOR = (1.0, 1.0)  # Beta(alpha, beta) of slot 1's acceptance before any count: uniform
+DEEPER_PRIOR = 2.0  # pseudo-counts of a deeper slot's prior, centred on the slot before's posterior mean
+OPTIMISM = 0.9  # the posterior quantile of each a_j an exploring round reads
+MAX_COUNT = 1000.0  # verifications a slot remembers
+DRAFT_WEIGHT = 0.2  # a drafting round's weight in the drafting time's moving average
+
+_SCHEDULES: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[TargetModel, Schedule]]" = \
+    weakref.WeakKeyDictionary()
+
+
+class SlotCounts:
+    """One bucket's verifications: reached[j] rounds verified slot j + 1 with the slots before it accepted,
+    accepted[j] of them accepted it."""
+
+    def __init__(self):
+        self.reached, self.accepted = np.zeros(0), np.zeros(0)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A verified draft `proposed` deep whose first `accepted` were accepted."""
+        if proposed > len(self.reached):
+            grow = proposed - len(self.reached)
+            self.reached, self.accepted = np.pad(self.reached, (0, grow)), np.pad(self.accepted, (0, grow))
+        self.reached[:min(proposed, accepted + 1)] += 1
+        self.accepted[:accepted] += 1
+        over = self.reached > MAX_COUNT
+        if over.any():
+            scale = np.where(over, MAX_COUNT / np.maximum(self.reached, 1.0), 1.0)
+            self.reached, self.accepted = self.reached * scale, self.accepted * scale
+
+    def acceptance(self, depth: int, quantile: float | None = None) -> np.ndarray:
+        """(depth,) a_1..a_depth: posterior means, or each posterior's `quantile` (the module doc's priors)."""
+        out, mean = np.empty(depth), None
+        for j in range(depth):
+            alpha, beta = FIRST_PRIOR if mean is None else (DEEPER_PRIOR * mean, DEEPER_PRIOR * (1.0 - mean))
+            if j < len(self.reached):
+                alpha, beta = alpha + self.accepted[j], beta + self.reached[j] - self.accepted[j]
+            mean = alpha / (alpha + beta)
+            out[j] = mean if quantile is None else float(betaincinv(alpha, beta, quantile))
+        return out
+
+    def expected(self, depth: int, quantile: float | None = None) -> np.ndarray:
+        """(depth + 1,) E_k - 1 for k = 0..depth: the expected accepted drafts of a draft cut at k."""
+        return np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(depth, quantile)))])
+
+
+@dataclass
+class Choice:
+    """What the rule did with one row's draft in one round (recorded per round for the study)."""
+
+    evidence: str | None  # the bucket, as text; None: no draft
+    drafted: int  # the draft's depth before the cut
+    k: int  # its depth after the cut (0: a plain step)
+    explore: bool = False  # verified on the upper bound, not the mean
+    declined: bool = False  # not drafted at all: no bucket's upper bound paid for the draft
+
+    def record(self) -> dict:
+        return {"evidence": self.evidence, "drafted": self.drafted, "k": self.k, "explore": self.explore,
+                "declined": self.declined}
+
+
+@dataclass
+class Schedule:
+    """The rule's state for one drafter on one target: counts per bucket, the re-timed curve, the drafting time."""
+
+    cost: VerifyCost
+    max_k: int
+    max_rows: int
+    buckets: dict[Hashable, SlotCounts] = field(default_factory=dict)
+    draft_s: float | None = None  # moving average of a drafting round's drafter seconds (all rows); None: none yet
+    choices: list[Choice] = field(default_factory=list)  # the last round's, one per row
+    declined: bool = False  # the last round was not drafted (`drafts`)
+
+    def counts(self, evidence: Hashable) -> SlotCounts:
+        return self.buckets.setdefault(evidence, SlotCounts())
+
+    def plain_rate(self, rows: int) -> float:
+        return rows / self.cost(0, rows)
+
+    def drafts(self, rows: int, max_k: int) -> bool:
+        """Whether the coming round drafts (at most `max_k` deep): before anything is counted, yes; after, when some
+        bucket's upper bound pays for a draft at the drafter's drafting time."""
+        self.declined = False
+        if not self.buckets or self.draft_s is None or max_k < 1:
+            return max_k >= 1
+        costs = self.draft_s + self.cost.curve(rows)[:max_k + 1]
+        for counts in self.buckets.values():
+            expected = rows * (1.0 + counts.expected(max_k, OPTIMISM))
+            if worth_verifying(expected, costs, self.cost(0, rows)):
+                return True
+        self.declined = True
+        return False
+
+    def cut_round(self, proposals: list[Proposal]) -> list[Proposal]:
+        """Every row's draft cut to the round's k (module doc), one k for the round's rows (they share a pass)."""
+        rows = len(proposals)
+        shapes = [_depths(p) for p in proposals]  # each node's depth, per row
+        deepest = max((max(d, default=0) for d in shapes), default=0)
+        if deepest == 0:
+            self.choices = [Choice(None, 0, 0, declined=self.declined) for _ in proposals]
+            return proposals
+        nodes = np.array([[sum(1 for d in row if d <= k) for row in shapes] for k in range(deepest + 1)])  # (k, R)
+        costs = np.array([self.cost(int(nodes[k].max()), rows) for k in range(deepest + 1)])
+        costs[1:] += self.draft_s or 0.0
+        plain = self.cost(0, rows)
+        explore = False
+        k = worth_verifying(self._expected(proposals, shapes, deepest, None), costs, plain)
+        if k == 0:
+            k = worth_verifying(self._expected(proposals, shapes, deepest, OPTIMISM), costs, plain)
+            explore = k > 0
+        self.choices = [Choice(None if not d else str(p.evidence), max(d, default=0), min(k, max(d, default=0)),
+                               explore and bool(d)) for p, d in zip(proposals, shapes)]
+        return [p.to_depth(k) for p in proposals]
+
+    def _expected(self, proposals: list[Proposal], shapes: list[list[int]], deepest: int,
+                  quantile: float | None) -> np.ndarray:
+        """(deepest + 1,) the round's expected committed tokens when cut at each depth, summed over its rows."""
+        total = np.full(deepest + 1, float(len(proposals)))
+        for proposal, shape in zip(proposals, shapes):
+            depth = max(shape, default=0)
+            if depth:
+                row = self.buckets.get(proposal.evidence, SlotCounts()).expected(depth, quantile)
+                total += row[np.minimum(np.arange(deepest + 1), depth)]
+        return total
+
+    def observe_round(self, proposals: Sequence[Proposal], paths: Sequence[Sequence[int]], draft_s: float | None,
+                      verify_s: float) -> None:
+        """The round's verified drafts and their accepted paths, the drafting seconds (None: it did not draft) and
+        the verify pass's seconds."""
+        for proposal, path in zip(proposals, paths):
+            depth = max(_depths(proposal), default=0)
+            if depth:
+                self.counts(proposal.evidence).observe(depth, len(path))
+        if draft_s is not None:
+            self.draft_s = draft_s if self.draft_s is None else (1 - DRAFT_WEIGHT) * self.draft_s + DRAFT_WEIGHT * draft_s
+        self.cost.observe(max((p.tokens.shape[0] for p in proposals), default=0), verify_s, len(proposals))
+
+
+def _depths(proposal: Proposal) -> list[int]:
+    if proposal.is_tree:
+        return depths(proposal.parents)
+    return list(range(1, proposal.tokens.shape[0] + 1))
+
+
+def schedule_for(drafter, target: TargetModel, max_k: int, max_rows: int) -> Schedule:
+    """The drafter's schedule on `target`, kept across the prompts the process decodes with the same drafter
+    object (its counts, re-timed curve and drafting time); a fresh one for a drafter that cannot be a weak key.
+    A run over more rows or longer drafts than the kept curve covers times the curve again, keeping the counts."""
+    try:
+        per_target = _SCHEDULES.setdefault(drafter, weakref.WeakKeyDictionary())
+    except TypeError:  # unhashable or not weak-referenceable: this run only
+        return Schedule(VerifyCost.measured(target, max_rows, max_k), max_k, max_rows)
+    schedule = per_target.get(target)
+    if schedule is None:
+        schedule = per_target[target] = Schedule(VerifyCost.measured(target, max_rows, max_k), max_k, max_rows)
+    elif max_k > schedule.max_k or max_rows > schedule.max_rows:
+        schedule.max_k, schedule.max_rows = max(max_k, schedule.max_k), max(max_rows, schedule.max_rows)
+        schedule.cost = VerifyCost.measured(target, schedule.max_rows, schedule.max_k)
+    return schedule
