@@ -7,6 +7,7 @@ weights go in as they are, and it exposes every layer's input, which a DFlash dr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import gguf
@@ -21,6 +22,20 @@ LAYER_TENSORS = {  # gguf name: transformers name, inside decoder layer i
     "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+
+
+def require_llamacpp():
+    """The verified llama.cpp build; skips the test without one, or fails it under CI (which builds one)."""
+    import pytest
+
+    from blockdraft.engines.llamacpp import EngineError, find_llamacpp
+
+    try:
+        return find_llamacpp()
+    except EngineError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI builds llama.cpp before the tests (.ci/run), yet: {err}")
+        pytest.skip(f"needs a llama.cpp build: {err}")
 
 
 def write_tiny_gguf(model, path: Path, outtype: str = "f32") -> Path:

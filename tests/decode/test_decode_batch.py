@@ -11,6 +11,7 @@ from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
+from lossless import TRANSFORMERS_TOL, Coverage, check_greedy
 from chi_square import (SAMPLING, break_chains, draw_rows, make_target, row_prompts, rows_p, same_as_batch_one,
                         slot_two_rounds, small_ar_drafter)
 
@@ -34,12 +35,15 @@ def test_batched_rows_equal_plain_greedy(targets, trained, arch):
     drafters = {"ar": None, "dflash": trained[arch], "random-dflash": init_drafter(target, num_layers=2, block_size=5),
                 "small-ar": SmallARDrafter(tiny_target(arch, seed=5), target, num_proposals=3),
                 "self-draft": SmallARDrafter(target, target, num_proposals=6), "lookup": LookupDrafter(6)}
-    accepted = 0
+    accepted, coverage = 0, Coverage()
     for name, drafter in drafters.items():
         results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=())
         assert [r.tokens for r in results] == plain, name
+        for prompt, result, reference in zip(batch, results, plain):  # each row its target's argmax, position by position
+            coverage += check_greedy(target, prompt, result, tol=TRANSFORMERS_TOL, plain=reference)
         accepted += sum(r.accepted for result in results for r in result.rounds) if drafter is not None else 0
     assert accepted > 0, "drafts must be accepted somewhere, or the commit path goes untested"
+    coverage.require(min_rejected=1)
 
 
 def test_rows_stop_on_their_own_and_leave(targets, trained):
