@@ -39,6 +39,7 @@ from safetensors import safe_open
 
 from .config import BENCH_SCHEMA, DRAFTER_ARCHITECTURES, LOCAL_HEAD_FORMAT, ConfigError
 from .disk import WRITE_MARGIN_BYTES, check_free_disk, file_sha256, human_bytes  # noqa: F401 (re-exported)
+from .links import PlantedLinkError, clear_stale, open_own, own_folder  # noqa: F401 (re-exported)
 
 LOCK_NAME = ".blockdraft.lock"  # the lock file a writer keeps inside the folder it owns
 
@@ -348,6 +349,9 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
     the `protect`ed input folders, or cannot be written (read-only); when the folder will be `replaced` as a whole, also the current folder
     and its parents. Returns the path."""
     path = Path(out).expanduser()
+    if path.is_symlink() and not path.exists():  # mkdir would fail on it (FileExistsError)
+        raise ConfigError(f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist; make that "
+                          "folder first, or give another path")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path} is an existing file; give a folder path (a new or empty folder)")
     for parent in path.absolute().parents:
@@ -601,6 +605,8 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(f".{path.name}.partial")
     with named_disk_errors(path, partial=[tmp]):
         path.parent.mkdir(parents=True, exist_ok=True)
+        clear_stale(tmp)  # a killed run's partial, or a planted link: `write` must not write through it
+        open_own(tmp, "xb", what="a partial file").close()  # ours, made exclusively: `write` opens a real file
         write(tmp)
         os.replace(tmp, path)
 
@@ -608,7 +614,7 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
 def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> None:
     """Write `text` through `write_atomic` (with `fsync`, flushed to the disk before the rename)."""
     def write(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as stream:
+        with open_own(tmp, "w", what="a partial file") as stream:
             stream.write(text)
             if fsync:
                 stream.flush()
@@ -629,7 +635,7 @@ def folder_lock(lock_path: str | Path, *, what: str, wait: bool) -> Iterator[Non
     lock_path = Path(lock_path)
     with named_disk_errors(lock_path):
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(lock_path, "a+")
+        lock = open_own(lock_path, "a+", what="a lock file of ours")
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -285,6 +285,11 @@ def _data(job: Job, seconds: float) -> None:
         regen(job.target, training_prompts(job.train_prompts), job.plan.train_conversations, job.data,
               max_new_tokens=job.plan.regen_tokens, batch_size=8, max_prompt_tokens=256, dtype="auto",
               deadline=time.monotonic() + seconds)
+    if not job.data.exists():  # training began on the other kind of data (answers vs regenerated), now absent
+        other = job.out / ("regen.jsonl" if job.answers else "conversations.jsonl")
+        raise ConfigError(f"{job.out} holds a drafter trained on {other.name}, but --train-prompts {job.train_prompts} "
+                          f"{'has its own answers' if job.answers else 'holds prompts only'}, which would train on "
+                          f"{job.data.name}: give the --train-prompts of the first run to resume it, or another --out")
     job.conversations = sum(1 for line in job.data.open() if line.strip())
 
 
@@ -373,17 +378,24 @@ STAGES = (
 )
 
 
+MAX_BUDGET_MIN = 7 * 24 * 60  # a week: the plan's seconds stay finite integers (1e308 minutes overflowed)
+
+
 def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen2.5-coder-1.5b-instruct",
                    draft_model: str = "qwen2.5-coder-0.5b-instruct", train_prompts: str = "sharegpt-code",
                    dataset: str = "humaneval", threads: int | None = None, fetch: bool = True) -> Path:
     """The job: each of STAGES in turn, in the seconds `stage_seconds` gives it; then the summary."""
     started = time.monotonic()
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_BUDGET_MIN:
+        raise ConfigError(f"--budget must be a positive number of minutes, at most {MAX_BUDGET_MIN:,} (a week), got "
+                          f"{budget}")
     # --out before anything is written: never an input, never a folder of other files
     out = check_out_dir(out, "quickstart", replaced=False, can_overwrite=False,
                         protect=[Path(name).expanduser() for name in (target, draft_model, train_prompts)])
+    if not fetch:  # the models must be there now, not found missing at the benchmark after training
+        for name in (target, draft_model):
+            resolve_model(name)
     out.mkdir(parents=True, exist_ok=True)
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget < math.inf:
-        raise ConfigError(f"--budget must be a finite, positive number of minutes, got {budget}")
     print(f"quickstart: target {target}, small-AR draft {draft_model}, budget {budget:g} min", flush=True)
     if threads:
         torch.set_num_threads(threads)

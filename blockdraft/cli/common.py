@@ -62,6 +62,20 @@ def tree_budget_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+SEED_BOUND = 2 ** 32  # a seed seeds torch generators (and TrainConfig's batch order): 32 bits, as its field
+
+
+def seed_arg(text: str) -> int:
+    """`--seed N` (argparse type): an integer in [0, 2^32), not an OverflowError from torch.manual_seed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < SEED_BOUND:
+        raise argparse.ArgumentTypeError(f"{text} is outside [0, 2^32); give a seed from 0 to {SEED_BOUND - 1}")
+    return value
+
+
 def add_overwrite_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --out even if it holds something other than an earlier output of this kind")

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import assets, shipped  # used as modules: their names are looked up at call time (tests stand some in)
 from ..data import regen as regen_data
 from ..runs import default_regen_path
-from .common import deadline, set_threads
+from .common import deadline, seed_arg, set_threads
 
 
 def _human_bytes(count: int) -> str:
@@ -106,7 +106,7 @@ def add_regen(sub) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward (left padded)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_arg, default=0)
     parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 where the hardware has it natively, else "
                         "fp32: emulated bf16 makes batched passes several times slower), bf16, fp32 or fp16")

@@ -19,7 +19,7 @@ from ..eval.verify_cost import format_table, verify_cost_table
 from ..files import check_location, check_out_file
 from ..losses import LOSSES
 from ..devices import native_bf16, pick_device
-from .common import deadline, input_folder, method_paths, set_threads, tree_budget_arg
+from .common import deadline, input_folder, method_paths, seed_arg, set_threads, tree_budget_arg
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -146,7 +146,7 @@ def add_bench(sub) -> None:
                    help="auto (default): bf16 where the hardware computes it natively, else fp32 (recorded)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--no-record-q", action="store_true", help="skip the drafter q per proposal (no surrogate check)")
     p.add_argument("--overwrite", action="store_true", help="replace results of a different configuration in --out")
     p.add_argument("--max-minutes", type=float, default=None,
@@ -177,7 +177,7 @@ def add_compare(sub) -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads for the bench")
     p.add_argument("--device", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace bench results of a different configuration")
     p.add_argument("--out", required=True, help="folder: train/NAME, bench/, compare.md, compare.json, curves.png")
     p.set_defaults(func=cmd_compare)

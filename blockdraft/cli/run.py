@@ -16,7 +16,7 @@ from ..drafter_spec import BuildContext, build_drafter, make_spec, parse_spec
 from ..files import JsonLineError, json_lines, read_text
 from ..quickstart import run_quickstart
 from ..targets import load_target
-from .common import set_threads, setup_torch, tree_budget_arg
+from .common import seed_arg, set_threads, setup_torch, tree_budget_arg
 
 
 SHORTHAND = {"drafter": "--drafter", "draft_model": "--draft-model", "lookup": "--lookup",
@@ -244,7 +244,7 @@ def add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--draft-argmax", action="store_true", help="draft by argmax even at temperature > 0")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--json", action="store_true", help="print text, token ids, tau and per-round records as JSON")
     p.add_argument("--tree", type=tree_budget_arg, default=None, metavar="N|measured",
                    help="verify a draft tree of at most N nodes per round (DDTree over a DFlash drafter; merges "
@@ -267,7 +267,7 @@ def add_generate(sub) -> None:
 
 def add_demo(sub) -> None:
     p = sub.add_parser("demo", help="tiny target + drafter: a lossless speculative generation and its tau")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=600, help="quick training steps for the tiny drafter")
     p.add_argument("--threads", type=int, default=1)

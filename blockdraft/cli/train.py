@@ -28,7 +28,7 @@ from ..train.config import TrainConfig
 from ..train.local_head import LocalHeadTrainConfig, fit_fusion_weights, train_local_head
 from ..train.loop import train
 from ..train.teacher import DEFAULT_CACHE_TOPK, LOGPROB_DTYPES, build_cache
-from .common import add_overwrite_flag, deadline, input_folder, parse_layer_ids, set_threads
+from .common import add_overwrite_flag, deadline, input_folder, parse_layer_ids, seed_arg, set_threads
 
 
 DFLASH2_FLAGS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}  # defaults
@@ -189,7 +189,7 @@ def add_init_drafter(sub) -> None:
                    help="dflash2: the selector's codebook rank (256); 0 = no selector")
     p.add_argument("--selector-top-k", type=int, default=None, help="dflash2: candidates per slot the selector walks (16)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--out", required=True, help="drafter folder to write (new, empty, or an earlier drafter)")
     add_overwrite_flag(p)
     p.set_defaults(func=cmd_init_drafter)
@@ -289,7 +289,7 @@ def add_local_heads(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--num-anchors", type=int, default=64)
     p.add_argument("--max-length", type=int, default=3072)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.set_defaults(func=cmd_train_fusion_weights)
 
 

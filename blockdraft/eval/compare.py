@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..config import ConfigError
-from ..files import read_json_lines, write_json_atomic, write_text_atomic
+from ..files import LOCK_NAME, check_location, output_kind, read_json_lines, write_json_atomic, write_text_atomic
 from ..train.config import TrainConfig
 from ..train.loop import train
 from . import metrics as M
@@ -304,6 +304,28 @@ def write_compare(out_dir: Path, configs: Mapping[str, Any], finals: Mapping[str
     return path
 
 
+#: what a compare folder holds: its summary, the page and plot, the bench run, the variants' runs under train/
+COMPARE_NAMES = {"compare.md", "compare.json", "curves.png", "bench", "train"}
+
+
+def check_compare_out(out: str | Path, *, overwrite: bool, protect: Sequence[str | Path | None]) -> Path:
+    """compare's --out through the writer gate: new, empty, or an earlier compare (only the names a compare
+    writes, with its bench run or a variant's training run in it); a folder of the user's own files (their
+    compare.md, curves.png) is refused unless --overwrite, before any training."""
+    path = check_location(out, protect=protect)
+    names = {entry.name for entry in path.iterdir()} - {LOCK_NAME} if path.is_dir() else set()
+    if overwrite or not names:
+        return path
+    runs = path / "train"
+    earlier = output_kind(path / "bench") == "bench" or runs.is_dir() and any(
+        output_kind(run) == "train-run" for run in runs.iterdir() if run.is_dir())
+    if names <= COMPARE_NAMES and earlier:
+        return path
+    raise ConfigError(f"--out {path} is not empty and is not an earlier compare run (it holds "
+                      f"{', '.join(sorted(names)[:4])}{' ...' if len(names) > 4 else ''}); compare writes compare.md, "
+                      "curves.png, bench/ and train/ there: give a new or empty folder, or pass --overwrite")
+
+
 def run_compare(recipe: str, variants: Sequence[str], out: str | Path, *, overrides: Sequence[str] = (),
                 baseline: str | None = None, datasets: Sequence[str] = ("humaneval",), n: int | None = 20,
                 max_new_tokens: int = 128, temperature: float = 0.0, dtype: str = "bf16", threads: int | None = None,
@@ -316,6 +338,7 @@ def run_compare(recipe: str, variants: Sequence[str], out: str | Path, *, overri
     if baseline not in configs:
         raise ConfigError(f"--baseline {baseline!r} is not a variant; variants: {list(configs)}")
     target = next(iter(configs.values())).target
+    out_dir = check_compare_out(out_dir, overwrite=overwrite, protect=[target])
     bench_fields = dict(target=target, datasets=tuple(datasets), n=n, max_new_tokens=max_new_tokens,
                         temperature=temperature, dtype=dtype, threads=threads, device=device, seed=seed)
     # Validate the bench side before any training: unknown datasets fail now, not after an hour.

@@ -20,8 +20,8 @@ import torch
 from ..checkpoints import save_drafter
 from ..checkpoints.dflash import state_bytes
 from ..config import ConfigError, DFlashConfig
-from ..files import (WRITE_MARGIN_BYTES, check_free_disk, check_input, named_disk_errors, read_json,
-                     write_json_atomic)
+from ..files import (WRITE_MARGIN_BYTES, PlantedLinkError, check_free_disk, check_input, clear_stale,
+                     named_disk_errors, own_folder, read_json, write_json_atomic)
 from .config import TrainConfig
 
 
@@ -39,8 +39,14 @@ def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlas
                     f"write the step-{step} checkpoint", fix=_ROOM_FIX)
     # The optimizer state goes in through a temporary file so the folder rename stays the commit point.
     # Plain containers, tensors and numbers only: `load_train_state` reads it with weights_only=True.
+    check_checkpoints_folder(out_dir)
+    own_folder(out_dir / "checkpoints", what="the run's checkpoints folder")
+    if folder.is_symlink():  # atomic_write_folder would replace the folder it names
+        raise PlantedLinkError(f"{folder} is a symbolic link where the step-{step} checkpoint belongs; nothing was "
+                               "written through it. Remove it (what it names is left as it is)")
     staging = out_dir / f".train_state.{step}.pt"
     with named_disk_errors(staging, partial=[staging]):  # a full disk: a named error, no half file left
+        clear_stale(staging)  # torch.save would write through a link planted at the staging name
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "resume_key": config.resume_key(),
                     "data_fingerprint": data_fingerprint}, staging)
         save_drafter(model, folder, extra_files={"train_config.json": config.to_dict()}, heads=heads, overwrite=True)
@@ -48,6 +54,16 @@ def save_checkpoint(out_dir: Path, model: torch.nn.Module, drafter_config: DFlas
     write_json_atomic(out_dir / "latest.json", {"step": step, "path": str(folder.relative_to(out_dir))})
     _prune(out_dir / "checkpoints", keep=config.keep_checkpoints, current=folder)
     return folder
+
+
+def check_checkpoints_folder(out_dir: Path) -> None:
+    """Refuse, before any step, a run folder whose `checkpoints/` is a symbolic link: a resumed run would
+    write its checkpoints there and prune (keep_checkpoints) the `step_*` folders of whatever it names."""
+    folder = Path(out_dir) / "checkpoints"
+    if folder.is_symlink():
+        raise PlantedLinkError(f"{folder} is a symbolic link where the run's checkpoints folder belongs; nothing was "
+                               "written or pruned through it. Remove the link (what it names is left as it is), or "
+                               "give another out_dir")
 
 
 _ROOM_FIX = ("Free some space, lower keep_checkpoints, or choose another out_dir; --resume continues from the "

@@ -29,6 +29,7 @@ process writes a folder at a time (FEATURES_LOCK); readers map the files copy-on
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ from tqdm import tqdm
 
 from ..config import ConfigError
 from ..data.conversations import TokenizedConversation, TokenizedDataset, fingerprint_of, sequence_hash
-from ..files import folder_lock, human_bytes, read_json, write_json_atomic
+from ..files import disk_error, file_sha256, folder_lock, human_bytes, open_own, read_json, write_json_atomic
 
 FORMAT = "blockdraft-features/1"
 INDEX_FILE, DATA_FILE = "index.json", "features.bin"
@@ -59,9 +60,13 @@ LOGPROB_STORAGE = {torch.float16: ("float16", np.float16), torch.float32: ("floa
 LOGPROB_DTYPES = {name: dtype for dtype, (name, _) in LOGPROB_STORAGE.items()}
 # Fields that must match for a resumed run to append to an existing cache (`topk` 0 = no log-probs;
 # indexes written before log-probs existed have no such field and mean 0).
-IDENTITY = ("format", "target", "target_shape", "layer_ids", "hidden_size", "dtype", "topk", "logprob_dtype",
-            "fingerprint", "lengths")
-_ABSENT = {"topk": 0, "logprob_dtype": None, "target_shape": None}
+# The target is named by content (`target_sha256`), not by how its path is spelled; an index from before
+# content hashes were recorded (or a target not loaded from a folder) falls back to the name.
+IDENTITY = ("format", "target", "target_sha256", "target_shape", "layer_ids", "hidden_size", "dtype", "topk",
+            "logprob_dtype", "fingerprint", "lengths")
+_ABSENT = {"topk": 0, "logprob_dtype": None, "target_shape": None, "target_sha256": None}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_content_memo: dict[tuple, str] = {}  # (file, size, mtime, inode) -> sha256, within one process only
 
 
 class FeatureCacheError(ConfigError):
@@ -110,8 +115,12 @@ def _index_problem(index) -> str | None:
         return "total_tokens, num_sequences or done disagree with its lengths"
     if not counts(index.get("layer_ids")) or numbers["num_features"] != len(index["layer_ids"]) * numbers["hidden_size"]:
         return "layer_ids and num_features disagree with hidden_size"
-    if index.get("dtype") not in TORCH_DTYPES or not isinstance(index.get("complete"), bool):
+    if not isinstance(index.get("dtype"), str) or index["dtype"] not in TORCH_DTYPES \
+            or not isinstance(index.get("complete"), bool):
         return "dtype or complete is not a value this version writes"
+    if numbers["topk"] and (not isinstance(index.get("logprob_dtype"), str)
+                            or index["logprob_dtype"] not in LOGPROB_DTYPES):
+        return "logprob_dtype is not a value this version writes"
     return None
 
 
@@ -120,11 +129,39 @@ def _write_index(out_dir: Path, index: dict) -> None:
     write_json_atomic(out_dir / INDEX_FILE, index, fsync=True)
 
 
+def target_sha256(target) -> str | None:
+    """The target by content: a hash of its folder's config.json and weight files (each file's sha256), so the
+    same model under another spelling of its path is the same, and another model under the same name is not;
+    None for a target not loaded from a folder."""
+    folder = next((Path(name) for name in (getattr(target, "name", None),
+                                           getattr(getattr(getattr(target, "model", None), "config", None),
+                                                   "_name_or_path", None)) if name and Path(name).is_dir()), None)
+    if folder is None:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and (path.name == "config.json" or path.suffix in WEIGHT_SUFFIXES):
+            info = path.stat()
+            key = (str(path.resolve()), info.st_size, info.st_mtime_ns, info.st_ino)
+            if key not in _content_memo:
+                _content_memo[key] = file_sha256(path)
+            digest.update(f"{path.name}:{_content_memo[key]}\n".encode())
+    return digest.hexdigest()
+
+
 def _check_identity(index: dict, expected: dict, out_dir: Path, keys: Sequence[str] = IDENTITY) -> None:
+    by_content = index.get("target_sha256") is not None and expected.get("target_sha256") is not None
     for key in keys:
         have = index.get(key, _ABSENT.get(key))
         if key == "target_shape" and have is None:
             continue  # an index from before target shapes were recorded: the name still has to match
+        if key == "target" and by_content or key == "target_sha256" and not by_content:
+            continue  # the content decides when both sides have it; the name otherwise
+        if key == "target_sha256" and have != expected[key]:
+            raise FeatureCacheError(f"{out_dir} holds features of another model than {expected['target']!r} (cached "
+                                    f"from {index.get('target')!r}, content sha256 {have[:12]}; this target's "
+                                    f"{expected[key][:12]}); cache into another folder or delete this one (nothing "
+                                    f"was overwritten)")
         if have != expected[key]:
             if key == "topk" and not have:
                 raise FeatureCacheError(f"{out_dir} was written without the target's log-probabilities (topk=0); "
@@ -211,7 +248,8 @@ def _header(target, dataset: Sequence[TokenizedConversation], layer_ids: list[in
     """What an index says about the data (sequence lengths, offsets, per-sequence hashes) and its rows."""
     lengths = [len(item.input_ids) for item in dataset]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # (n + 1,)
-    return {"format": FORMAT, "target": target.name, "target_shape": target_shape(target), "layer_ids": layer_ids,
+    return {"format": FORMAT, "target": target.name, "target_sha256": target_sha256(target),
+            "target_shape": target_shape(target), "layer_ids": layer_ids,
             "hidden_size": target.hidden_size, "num_features": len(layer_ids) * target.hidden_size,
             "dtype": STORAGE[dtype][0], "topk": topk,
             "logprob_dtype": LOGPROB_STORAGE[logprob_dtype][0] if topk else None,
@@ -237,9 +275,17 @@ def _grow_files(out_dir: Path, index: dict) -> None:
         if not path.exists() and index.get("done", 0):
             raise FeatureCacheError(f"{path} is missing but its index says {index['done']} sequences are written; "
                                     f"delete {out_dir} and cache again")
-        with open(path, "ab") as stream:
+        with open_own(path, "ab", what="a feature cache file") as stream:
             if stream.tell() < want:
                 stream.truncate(want)
+            try:  # allocate the holes now: a disk that fills later is ENOSPC here, not SIGBUS in the mapped write
+                os.posix_fallocate(stream.fileno(), 0, want)
+            except OSError as err:
+                named = disk_error(err, path)
+                if named is None:
+                    raise
+                raise FeatureCacheDiskError(f"{named}; the rows already written are kept and the same call "
+                                            f"resumes the cache") from None
 
 
 def _check_prefix(index: dict, header: dict, out_dir: Path) -> None:
@@ -344,12 +390,18 @@ def _compute(target, item: TokenizedConversation, layer_ids: list[int], dtype: t
     return rows
 
 
+def _map_for_writing(path: Path, kind: type, shape: tuple[int, int]) -> np.memmap:
+    """A cache file mapped for writing, opened without following a link planted at its name."""
+    with open_own(path, "r+b", what="a feature cache file") as stream:
+        return np.memmap(stream, dtype=kind, mode="r+", shape=shape)
+
+
 def _write_sequences(target, dataset, layer_ids: list[int], out_dir: Path, index: dict, need: int, *,
                      flush_seconds: float, progress: bool, deadline: float | None) -> bool:
     """Compute and store sequences index["done"] .. need - 1, flushing the rows, then the index, every
     `flush_seconds`; returns whether `deadline` stopped the pass first."""
     files = _files(index)
-    maps = {name: np.memmap(out_dir / name, dtype=kind, mode="r+", shape=(index["total_tokens"], columns))
+    maps = {name: _map_for_writing(out_dir / name, kind, (index["total_tokens"], columns))
             for name, (kind, columns) in files.items()}
     state, offsets, dtype = _Pass(done=index["done"]), index["offsets"], TORCH_DTYPES[index["dtype"]]
 
@@ -427,8 +479,8 @@ def cache_features(target, dataset: Sequence[TokenizedConversation], layer_ids: 
     with folder_lock(out_dir / FEATURES_LOCK, what=f"the feature cache {out_dir}", wait=False):
         index, changed = _open_index(out_dir, header)  # again, under the lock
         _state_the_cost(index, need, out_dir)
+        _grow_files(out_dir, index)  # before the index that describes the rows; allocates a resumed cache too
         if changed:
-            _grow_files(out_dir, index)  # before the index that describes the rows
             _write_index(out_dir, index)
         out_of_time = _write_sequences(target, dataset, layer_ids, out_dir, index, need, flush_seconds=flush_seconds,
                                        progress=progress, deadline=deadline)
@@ -487,8 +539,9 @@ class FeatureCache:
             raise FeatureCacheError(f"{self.out_dir} holds no feature cache ({INDEX_FILE} missing or of another "
                                     f"format); build one with cache_features")
         if target is not None:
-            shape = index.get("target_shape")
-            if index["target"] != target.name or (shape is not None and shape != target_shape(target)):
+            shape, content, ours = index.get("target_shape"), index.get("target_sha256"), target_sha256(target)
+            same = content == ours if content is not None and ours is not None else index["target"] == target.name
+            if not same or (shape is not None and shape != target_shape(target)):
                 raise FeatureCacheError(f"{self.out_dir} was cached from target {index['target']!r} "
                                         f"({shape or 'shape not recorded'}), not {target.name!r} "
                                         f"({target_shape(target)}); cache the features again for this target")

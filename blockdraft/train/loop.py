@@ -32,17 +32,18 @@ from ..checkpoints import init_drafter, load_drafter_model, save_drafter
 from ..checkpoints.dflash import read_drafter_config
 from ..config import ConfigError, default_target_layer_ids
 from ..data.anchors import sample_anchors
+from ..data.split import check_split_location
 from ..drafters.dflash import DFlashDrafter
 from ..drafters.headed import HeadedDrafter
-from ..files import LOCK_NAME, check_out_dir, folder_lock, read_json_lines, write_text_atomic
+from ..files import LOCK_NAME, check_out_dir, folder_lock, open_own, read_json_lines, write_text_atomic
 from ..losses import LossFn, LossKnobs, LossTerms, call_loss, compose, get_loss, selector_ce, selector_weight, with_selector
 from ..runs import default_run_dir
 from ..devices import pick_device
 from ..targets import load_target
 from ..targets.transformers import Target
 from .batch import TeacherForcedBatch, teacher_forced_batch
-from .checkpoint import (TrainingError, check_room_for_run, check_same_data, latest_checkpoint, load_train_state,
-                         save_checkpoint)
+from .checkpoint import (TrainingError, check_checkpoints_folder, check_room_for_run, check_same_data,
+                         latest_checkpoint, load_train_state, save_checkpoint)
 from .config import TrainConfig
 from .data import TrainingData, sequence_indices
 from .distributed import Distributed
@@ -95,6 +96,8 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
         if cache.resolve() == out_dir.resolve():  # the cache's files would sit among the run's
             raise ConfigError(f"feature_cache {cache} is out_dir {out_dir}: the cache's files would mix "
                               f"with the run's; give a folder of its own (the default is {out_dir / 'features'})")
+    if config.split is not None:  # a third output, written once and read by every later run
+        check_split_location(config.split, protect=inputs)
     features_deadline = deadline if features_deadline is None else features_deadline
     if not dist_info.is_main:
         return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
@@ -103,6 +106,7 @@ def train(config: TrainConfig, *, resume: bool = False, stop_after: int | None =
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with folder_lock(out_dir / LOCK_NAME, what=f"the training run folder {out_dir}", wait=False):
+            check_checkpoints_folder(out_dir)
             return _run(config, device, dist_info, resume=resume, stop_after=stop_after, deadline=deadline,
                         features_deadline=features_deadline, target=target)
     except ConfigError:
@@ -225,7 +229,7 @@ def setup(config: TrainConfig, device: torch.device, dist_info: Distributed, *, 
     layer_ids = drafter.target_layer_ids if drafter is not None else (
         config.target_layer_ids or default_target_layer_ids(target.num_layers, config.num_layers))
     if dist_info.is_main:  # marks the folder as a training run (files.output_kind) before any features land
-        (out_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        write_text_atomic(out_dir / "train_config.json", json.dumps(config.to_dict(), indent=2) + "\n")
     data = TrainingData(config, target, tuple(layer_ids), dist_info, features_deadline=features_deadline)
     if state is not None:
         check_same_data(state, data.dataset.fingerprint, config, resume_from)
@@ -409,7 +413,7 @@ def log_step(run: Run, step: int, result: StepResult, step_s: float, metrics_pat
 
 
 def _append(path: Path, row: dict) -> None:
-    with path.open("a") as handle:
+    with open_own(path, "a", what="the run's metrics.jsonl") as handle:
         handle.write(json.dumps(row) + "\n")
 
 

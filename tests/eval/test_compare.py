@@ -120,3 +120,18 @@ def test_curves_command_plots_training_runs(tmp_path):
     assert main(["curves", f"first={tmp_path / 'a'}", str(tmp_path / "b"), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert main(["curves", str(tmp_path / "missing"), "--out", str(tmp_path / "d.png")]) == 2
+
+
+def test_compare_out_holding_the_users_own_files_is_refused_before_any_training(setup, tmp_path, capsys):
+    """--out DIR where DIR holds the user's compare.md and curves.png: it exited 0 and replaced both (issue 41)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "compare.md").write_text("my notes")
+    (out / "curves.png").write_bytes(b"my plot")
+    assert main(compare_argv(setup, out)) == 2
+    err = capsys.readouterr().err
+    assert "not an earlier compare run" in err and "--overwrite" in err
+    assert (out / "compare.md").read_text() == "my notes" and (out / "curves.png").read_bytes() == b"my plot"
+    assert sorted(p.name for p in out.iterdir()) == ["compare.md", "curves.png"]  # nothing trained there
+    assert main(compare_argv(setup, setup / "target")) == 2  # the target's folder: refused whatever the flags
+    assert "reads from" in capsys.readouterr().err

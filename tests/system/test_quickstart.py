@@ -72,7 +72,7 @@ def test_quickstart_refuses_a_missing_training_file(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         (tmp_path / "target").mkdir()  # --out never lies in the target's folder (the --out gate refuses it)
         run_quickstart(tmp_path / "qs", budget=1.0, target=str(tmp_path / "target"),
-                       train_prompts=str(tmp_path / "nope.jsonl"), fetch=False)
+                       draft_model=str(tmp_path / "target"), train_prompts=str(tmp_path / "nope.jsonl"), fetch=False)
 
 
 def test_budget_scales_the_plan():
