@@ -7,16 +7,19 @@ order whose every prefix is a tree) commits in expectation
 
 tokens (the accepted drafts plus the target's correction or bonus) and costs t_draft + t_R(k): the
 drafting plus one verify pass over R rows of k + 1 tokens. The rule keeps the k with the highest
-E_k / cost (`best_prefix`; ties go to the shorter). Three choices read it, each with its own P:
+E_k / cost (`best_prefix`; ties go to the shorter). Four choices read it, each with its own P:
 - confidence pruning of a headed block (`drafters/pruning.py`): P = c_1 ... c_i, the confidence
   head's per-slot acceptance (the expected-acceptance sum of DSpark);
 - the measured tree budget (`drafters/tree.py`): P of the i-th best-first node = exp(its path score)
   under the drafter's own marginals (DDTree, Ringel and Romano 2026);
-- the measured width of a round of chains (`decode/width.py`): P from acceptance counted over the run.
+- the measured width of a round of chains (`decode/width.py`): P from acceptance counted over the run;
+- the drafting schedule (`decode/schedule.py`, `proposals=scheduled`): P from Beta posteriors per evidence
+  bucket kept across prompts, and a k >= 1 only where it beats the plain step (`worth_verifying`).
 Each reads only what is known before the tokens it keeps are checked, so each stays lossless.
 
 `VerifyCost` is t_R(k), timed on this machine once per target at a few row counts and pass lengths
-(`timed_costs`, kept while the target lives) and interpolated linearly between them. The width rule
+(`timed_costs`, kept while the target lives) and interpolated linearly between them; `observe` re-times it
+from the passes a run makes (the schedule feeds it every round). The width rule
 reads it at its round's R; the measured tree budget, chosen row by row, through `TargetVerifyCost`,
 which times more row counts the first time a round has more rows than it covers.
 """

@@ -23,6 +23,12 @@ The rates belong to the gate, so they are shared by the rows of a batch (one dec
 kept across the prompts a process decodes with the same drafter, as the verify-cost timings are kept
 per target: a drafter that cannot pay here stops paying after its first rounds, not in every prompt.
 A round that a prompt joined (its prefill inside the interval) is not measured.
+
+Kept beside the drafting schedule (`decode/schedule.py`, `proposals=scheduled`, the default of lookup and
+hybrids), not folded into it: the schedule decides from acceptance counts and verify costs whether a draft
+can pay before drafting (`Schedule.drafts`) and how deep to verify it, so a drafter under it needs no gate;
+the gate remains for drafters run at a fixed length, judged by wall rates. Stacking both makes the two
+learn from each other's rounds (docs/studies/2026-11-27-gguf-target.md).
 """
 
 from __future__ import annotations

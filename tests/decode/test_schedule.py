@@ -14,6 +14,7 @@ from blockdraft.decode.schedule import OPTIMISM, Schedule, SlotCounts, schedule_
 from blockdraft.drafter_spec import BuildContext, build_drafter, parse_spec
 from blockdraft.drafters.lookup import LookupDrafter, match_run, run_bucket
 from blockdraft.drafters.tree import TreeDrafter
+from blockdraft.eval.methods import build_runners
 from chi_square import NEW, PROMPT, SAMPLING, chi_square_p, draw_rows, exact_joint, make_target, slot_two_rounds
 from helpers import init_drafter, pin_verify_costs, tiny_target, trained_drafter
 
@@ -268,3 +269,18 @@ def test_spec_defaults_and_spellings():
     assert parse_spec("small-ar").options["proposals"] is None  # model drafters keep their full block
     with pytest.raises(ConfigError, match="scheduled"):
         parse_spec("lookup,proposals=sometimes")
+
+
+def test_bench_lookup_records_the_bucket_and_k_of_every_round():
+    target = tiny_target("qwen3")
+    runners, info = build_runners(("lookup", "lookup,proposals=6"), None, target, SamplingConfig())
+    assert runners[0].num_proposals == "scheduled" and info["lookup"]["proposals"] == "scheduled"
+    assert info["lookup"]["tokens"] == 32 and runners[1].num_proposals == 6  # a fixed K keeps every round whole
+    piece = [5, 9, 13, 17, 21, 25, 29]
+    measured = runners[0].run(piece * 4, max_new_tokens=24, seed=0)
+    schedule = measured.rounds["schedule"]
+    assert len(schedule) == len(measured.rounds["proposed"]) > 0
+    assert all(set(record) == {"evidence", "drafted", "k", "explore", "declined"} for record in schedule)
+    assert [record["k"] for record in schedule] == measured.rounds["proposed"]  # chains: k is what was verified
+    assert any(record["evidence"] for record in schedule)  # the repeated text matched
+    assert "schedule" not in runners[1].run(piece * 4, max_new_tokens=8, seed=0).rounds
