@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .eval import metrics as M
 from .eval.report import format_interval, speedup_cautions
+from .files import write_text_atomic
 
 RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distill.json",
            "qwen2.5-coder-1.5b-instruct": "recipes/cpu-qwen2.5-coder-1.5b.json"}
@@ -95,7 +96,7 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
         lines += ["", "Stage times: " + ", ".join(f"{name} {minutes:.1f} min"
                                                   for name, minutes in facts["stage_minutes"].items()) + "."]
     path = out / "QUICKSTART.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return path
 

@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 from ..assets import AssetError, resolve_model
 from ..config import ConfigError
-from ..files import (check_input, check_input_folder, check_out_file, check_writable, json_lines,
-                     named_disk_errors, sibling_lock)
+from ..files import (check_input, check_input_folder, check_out_file, check_writable, json_lines, named_disk_errors,
+                     open_own, sibling_lock)
 from .chat import chat_text
 from .prompts import SHIPPED, Prompt, drop_overlaps, load_prompt_file, load_prompts, load_sharegpt
 
@@ -206,7 +206,7 @@ def _regen_locked(folder, target, prompts: Sequence[Prompt], n: int, out_jsonl: 
     generated_tokens, generate_seconds, written = 0, 0.0, 0
     bar = tqdm(total=len(selected), initial=already, desc="regen", unit="conv", disable=not progress)
     last_batch_s, stopped_early = 0.0, False
-    with named_disk_errors(out_jsonl), open(out_jsonl, "a", encoding="utf-8") as out:
+    with named_disk_errors(out_jsonl), open_own(out_jsonl, "a", what="the regen output") as out:
         for start in range(0, len(todo), batch_size):
             if deadline is not None and written and time.monotonic() + last_batch_s > deadline:
                 stopped_early = True

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..files import why_not_a_file
+from ..files import open_own, why_not_a_file
 from .llamacpp import EngineError
 
 STARTUP_TIMEOUT_S = 300.0
@@ -150,7 +150,7 @@ class LlamaServer:
             self.port = free_port(self.host)
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "ab")
+            self._log = open_own(self.log_path, "ab", what="the server's log")
             self._log.write(("$ " + " ".join(self.command()) + "\n").encode())
             self._log.flush()
         # its own process group, so stop() ends it with its children and a Ctrl-C in our terminal reaches us

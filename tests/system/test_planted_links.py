@@ -89,6 +89,8 @@ CASES = [
      BENCH.replace("--n 1", "--n 2"), 0),
     ("regen-lock", None, ".r.jsonl.lock", "regen --target {base}/target --prompts {base}/prompts.jsonl --n 1 "
                                           "--max-new-tokens 3 --dtype fp32 --out {s}/r.jsonl", 2),
+    ("regen-out-link", None, "r.jsonl", "regen --target {base}/target --prompts {base}/prompts.jsonl --n 1 "
+                                        "--max-new-tokens 3 --dtype fp32 --out {s}/r.jsonl", 2),  # appended through
     ("split-lock", None, ".sp.json.lock", "train --config {base}/recipe.json out_dir={s}/run2 max_steps=1 "
                                           "split={s}/sp.json", 2),
 ]
@@ -103,6 +105,8 @@ def test_a_link_planted_where_our_file_belongs_changes_nothing_it_names(base, tm
     if setup is not None:
         setup(base, s)
     precious = user_file(s)
+    text = "" if name == "regen-out-link" else USER_TEXT  # an empty file: the --out gate lets it through
+    precious.write_text(text)
     link = s / where
     link.parent.mkdir(parents=True, exist_ok=True)
     link.unlink(missing_ok=True)
@@ -110,7 +114,7 @@ def test_a_link_planted_where_our_file_belongs_changes_nothing_it_names(base, tm
     capsys.readouterr()
     got = main(argv.format(base=base, s=s).split())
     err = capsys.readouterr().err
-    assert precious.read_text() == USER_TEXT, f"{name}: the file the link names was changed"
+    assert precious.read_text() == text, f"{name}: the file the link names was changed"
     assert got == code, err
     assert "Traceback" not in err
     if code == 2 and name != "train-metrics-resume":
@@ -206,6 +210,8 @@ FINDER_COMMANDS = [
     "cache_topk=4 split={s}/sp.json --resume",
     CACHE.replace("{data}", "data12"),
     "engines as-llama {base}/q2.gguf --out {s}/asl.gguf",
+    "regen --target {base}/target --prompts {base}/prompts.jsonl --n 1 --max-new-tokens 3 --dtype fp32 "
+    "--out {s}/r.jsonl",
     "bench --target {base}/target --method ar --dataset humaneval={base}/he.jsonl --n 1 --max-new-tokens 3 "
     "--dtype fp32 --out {s}/b",
 ]
