@@ -11,6 +11,7 @@ import torch.distributed as dist
 from ..config import ConfigError
 from ..data.conversations import TokenizedDataset
 from ..data.split import fixed_split, split_dataset
+from ..files import own_folder
 from ..losses import reads
 from ..runs import find_data
 from ..targets.transformers import Target
@@ -85,6 +86,8 @@ class TrainingData:
         self.cache = None
         if config.features == "cached":  # `TrainConfig` refused objectives that need the full logits
             folder = Path(config.feature_cache or Path(config.out_dir) / "features")
+            if not config.feature_cache:  # the run's own folder: a link planted there would take the cache's files
+                own_folder(folder, what="the run's feature cache folder")
             topk = config.resolved_cache_topk()
             if dist_info.is_main:
                 cache_features(target, self.dataset, layer_ids, folder, topk=topk, deadline=features_deadline)

@@ -139,6 +139,22 @@ def test_a_linked_checkpoints_folder_is_refused_before_any_step_and_nothing_it_n
     assert all((mine / n / "weights").read_text() == USER_TEXT for n in before)
 
 
+def test_a_linked_feature_cache_folder_of_a_run_is_refused(base, tmp_path, capsys):
+    """run/features (the run's own cache folder) a link to a user's folder holding a features.bin: the cache would
+    have been written into it, the user's file extended and overwritten."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "features.bin").write_text(USER_TEXT)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "features").symlink_to(mine, target_is_directory=True)
+    code = main(["train", "--config", str(base / "recipe.json"), f"out_dir={tmp_path / 'run'}", "max_steps=1",
+                 "features=cached"])
+    err = capsys.readouterr().err
+    assert code == 2 and "symbolic link" in err and "feature cache" in err, err
+    assert sorted(p.name for p in mine.iterdir()) == ["features.bin"]
+    assert (mine / "features.bin").read_text() == USER_TEXT
+
+
 def test_the_writer_gate_refuses_links_fifos_and_folders_and_clears_stale_partials(tmp_path):
     precious = user_file(tmp_path)
     (tmp_path / "link").symlink_to(precious)
