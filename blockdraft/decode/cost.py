@@ -175,17 +175,22 @@ class VerifyCost:
         self.max_k = max_k
         self.rows_timed, self.ks_timed = row_points(max_rows), k_points(max_k)
         self.table = np.array([[table[rows, k] for k in self.ks_timed] for rows in self.rows_timed])  # (rows, ks)
+        self._curves: dict[int, np.ndarray] = {}  # curve(rows), until the table changes
 
     @classmethod
     def measured(cls, target: TargetModel, max_rows: int, max_k: int) -> "VerifyCost":
         return cls(timed_costs(target, max_rows, max_k), max_rows, max_k)
 
     def curve(self, rows: int = 1) -> np.ndarray:
-        """t_rows(k) for k = 0..max_k."""
-        per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
-        return np.interp(np.arange(self.max_k + 1), self.ks_timed, per_k)
+        """t_rows(k) for k = 0..max_k (kept until the table changes: the schedule reads it every round)."""
+        if rows not in self._curves:
+            per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
+            self._curves[rows] = np.interp(np.arange(self.max_k + 1), self.ks_timed, per_k)
+        return self._curves[rows]
 
     def __call__(self, k: float, rows: int = 1) -> float:
+        if float(k).is_integer() and 0 <= k <= self.max_k:
+            return float(self.curve(rows)[int(k)])
         per_k = [np.interp(rows, self.rows_timed, self.table[:, column]) for column in range(len(self.ks_timed))]
         return float(np.interp(k, self.ks_timed, per_k))
 
@@ -200,6 +205,7 @@ class VerifyCost:
         predicted = float((weights * self.table).sum())
         error = float(np.clip(seconds - predicted, -0.5 * predicted, predicted))
         self.table += weight * weights * error
+        self._curves.clear()
 
 
 def _interp_weights(x: float, points: Sequence[int]) -> np.ndarray:

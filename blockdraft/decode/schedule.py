@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 from scipy.special import betaincinv
@@ -70,9 +70,11 @@ class SlotCounts:
 
     def __init__(self):
         self.reached, self.accepted = np.zeros(0), np.zeros(0)
+        self.memo: dict[tuple[int, float | None], np.ndarray] = {}  # `expected` until the next observation
 
     def observe(self, proposed: int, accepted: int) -> None:
         """A verified draft `proposed` deep whose first `accepted` were accepted."""
+        self.memo.clear()
         if proposed > len(self.reached):
             grow = proposed - len(self.reached)
             self.reached, self.accepted = np.pad(self.reached, (0, grow)), np.pad(self.accepted, (0, grow))
@@ -85,18 +87,22 @@ class SlotCounts:
 
     def acceptance(self, depth: int, quantile: float | None = None) -> np.ndarray:
         """(depth,) a_1..a_depth: posterior means, or each posterior's `quantile` (the module doc's priors)."""
-        out, mean = np.empty(depth), None
+        alphas, betas, mean = np.empty(depth), np.empty(depth), None
+        counted = min(depth, len(self.reached))
+        accepted, rejected = self.accepted[:counted].tolist(), (self.reached[:counted] - self.accepted[:counted]).tolist()
         for j in range(depth):
             alpha, beta = FIRST_PRIOR if mean is None else (DEEPER_PRIOR * mean, DEEPER_PRIOR * (1.0 - mean))
-            if j < len(self.reached):
-                alpha, beta = alpha + self.accepted[j], beta + self.reached[j] - self.accepted[j]
-            mean = alpha / (alpha + beta)
-            out[j] = mean if quantile is None else float(betaincinv(alpha, beta, quantile))
-        return out
+            if j < counted:
+                alpha, beta = alpha + accepted[j], beta + rejected[j]
+            alphas[j], betas[j], mean = alpha, beta, alpha / (alpha + beta)
+        return alphas / (alphas + betas) if quantile is None else betaincinv(alphas, betas, quantile)
 
     def expected(self, depth: int, quantile: float | None = None) -> np.ndarray:
         """(depth + 1,) E_k - 1 for k = 0..depth: the expected accepted drafts of a draft cut at k."""
-        return np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(depth, quantile)))])
+        key = (depth, quantile)
+        if key not in self.memo:
+            self.memo[key] = np.concatenate([[0.0], np.cumsum(np.cumprod(self.acceptance(depth, quantile)))])
+        return self.memo[key]
 
 
 @dataclass
@@ -119,8 +125,9 @@ class Schedule:
     """The rule's state for one drafter on one target: counts per bucket, the re-timed curve, the drafting time."""
 
     cost: VerifyCost
-    max_k: int
+    max_k: int  # the most tokens (a tree's nodes) the curve covers
     max_rows: int
+    target: Callable[[], TargetModel | None]  # a weak reference: the schedule lives while the target does
     buckets: dict[Hashable, SlotCounts] = field(default_factory=dict)
     draft_s: float | None = None  # moving average of a drafting round's drafter seconds (all rows); None: none yet
     choices: list[Choice] = field(default_factory=list)  # the last round's, one per row
@@ -129,8 +136,19 @@ class Schedule:
     def counts(self, evidence: Hashable) -> SlotCounts:
         return self.buckets.setdefault(evidence, SlotCounts())
 
-    def plain_rate(self, rows: int) -> float:
-        return rows / self.cost(0, rows)
+    def cover(self, max_k: int, max_rows: int) -> None:
+        """Time the curve out to `max_k` tokens and `max_rows` rows when it covers less (a tree of more nodes than
+        the drafter's depth, a larger batch), keeping what the run re-timed at the points it had."""
+        if max_k <= self.max_k and max_rows <= self.max_rows:
+            return
+        old = self.cost
+        self.max_k, self.max_rows = max(max_k, self.max_k), max(max_rows, self.max_rows)
+        fresh = VerifyCost.measured(self.target(), self.max_rows, self.max_k)
+        table = {(rows, k): float(fresh.table[i, j]) for i, rows in enumerate(fresh.rows_timed)
+                 for j, k in enumerate(fresh.ks_timed)}
+        table.update({(rows, k): float(old.table[i, j]) for i, rows in enumerate(old.rows_timed)
+                      for j, k in enumerate(old.ks_timed)})
+        self.cost = VerifyCost(table, self.max_rows, self.max_k)
 
     def drafts(self, rows: int, max_k: int) -> bool:
         """Whether the coming round drafts (at most `max_k` deep): before anything is counted, yes; after, when some
@@ -154,8 +172,11 @@ class Schedule:
         if deepest == 0:
             self.choices = [Choice(None, 0, 0, declined=self.declined) for _ in proposals]
             return proposals
-        nodes = np.array([[sum(1 for d in row if d <= k) for row in shapes] for k in range(deepest + 1)])  # (k, R)
-        costs = np.array([self.cost(int(nodes[k].max()), rows) for k in range(deepest + 1)])
+        levels = np.arange(deepest + 1)
+        nodes = np.stack([np.searchsorted(np.sort(d), levels, side="right") for d in shapes], 1).max(1)  # (deepest+1,)
+        self.cover(int(nodes[-1]), rows)
+        curve = self.cost.curve(rows)
+        costs = curve[nodes]  # the pass is as long as the round's longest row
         costs[1:] += self.draft_s or 0.0
         plain = self.cost(0, rows)
         explore = False
@@ -201,14 +222,15 @@ def schedule_for(drafter, target: TargetModel, max_k: int, max_rows: int) -> Sch
     """The drafter's schedule on `target`, kept across the prompts the process decodes with the same drafter
     object (its counts, re-timed curve and drafting time); a fresh one for a drafter that cannot be a weak key.
     A run over more rows or longer drafts than the kept curve covers times the curve again, keeping the counts."""
+    def fresh() -> Schedule:
+        return Schedule(VerifyCost.measured(target, max_rows, max_k), max_k, max_rows, weakref.ref(target))
+
     try:
         per_target = _SCHEDULES.setdefault(drafter, weakref.WeakKeyDictionary())
     except TypeError:  # unhashable or not weak-referenceable: this run only
-        return Schedule(VerifyCost.measured(target, max_rows, max_k), max_k, max_rows)
+        return fresh()
     schedule = per_target.get(target)
     if schedule is None:
-        schedule = per_target[target] = Schedule(VerifyCost.measured(target, max_rows, max_k), max_k, max_rows)
-    elif max_k > schedule.max_k or max_rows > schedule.max_rows:
-        schedule.max_k, schedule.max_rows = max(max_k, schedule.max_k), max(max_rows, schedule.max_rows)
-        schedule.cost = VerifyCost.measured(target, schedule.max_rows, schedule.max_k)
+        schedule = per_target[target] = fresh()
+    schedule.cover(max_k, max_rows)
     return schedule

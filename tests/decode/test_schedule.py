@@ -48,7 +48,7 @@ def test_the_rule_declines_what_costs_more_than_it_commits_and_takes_a_long_draf
 
 
 def schedule_at(cost, max_k: int, max_rows: int = 1) -> Schedule:
-    return Schedule(VerifyCost(curve_table(cost, max_rows, max_k), max_rows, max_k), max_k, max_rows)
+    return Schedule(VerifyCost(curve_table(cost, max_rows, max_k), max_rows, max_k), max_k, max_rows, lambda: None)
 
 
 def chain(n: int, evidence=None) -> Proposal:
@@ -64,7 +64,7 @@ def teach(counts: SlotCounts, acceptance: float, depth: int, rounds: int, seed: 
 
 
 def test_the_schedule_reads_each_bucket_on_the_cpu_curve():
-    schedule = schedule_at(cpu_curve, 20)
+    schedule = schedule_at(cpu_curve, 20, max_rows=2)
     teach(schedule.counts(("context", 1)), 0.5, 20, 400, seed=1)
     teach(schedule.counts(("context", 32)), 0.95, 20, 400, seed=2)
     weak, strong = chain(20, ("context", 1)), chain(20, ("context", 32))
