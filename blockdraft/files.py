@@ -26,7 +26,6 @@ import fcntl
 import gzip
 import json
 import os
-import re
 import shutil
 import stat
 import sys
@@ -38,7 +37,8 @@ from typing import Any, Callable, Iterable, Iterator
 from safetensors import safe_open
 
 from .config import BENCH_SCHEMA, DRAFTER_ARCHITECTURES, LOCAL_HEAD_FORMAT, ConfigError
-from .disk import WRITE_MARGIN_BYTES, check_free_disk, file_sha256, human_bytes  # noqa: F401 (re-exported)
+from .disk import (DISK_ERRNOS, WRITE_MARGIN_BYTES, check_free_disk, disk_error, file_sha256,  # noqa: F401 (re-exported)
+                   human_bytes, named_disk_errors, path_error, short_path)
 from .links import PlantedLinkError, clear_stale, open_own, own_folder  # noqa: F401 (re-exported)
 
 LOCK_NAME = ".blockdraft.lock"  # the lock file a writer keeps inside the folder it owns
@@ -105,11 +105,6 @@ def gate_passed(kind: str, path: str | Path) -> bool:
             if candidate.name.startswith(WRITE_PROBE) and candidate.parent in (passed, *passed.parents):
                 return True
     return False
-
-
-def short_path(path: str | Path, keep: int = 60) -> str:
-    text = str(path)
-    return text if len(text) <= keep else f"{text[:keep]}... ({len(os.fsencode(text))} bytes)"
 
 
 def check_path_length(path: str | Path, *, flag: str = "path") -> Path:
@@ -408,58 +403,6 @@ def sibling_lock(path: str | Path, *, what: str) -> contextlib.AbstractContextMa
     """`folder_lock` on a hidden file beside `path`, for a writer that appends to one file."""
     path = Path(path)
     return folder_lock(path.with_name(f".{path.name}.lock"), what=what, wait=False)
-
-
-#: errno values that mean "this disk cannot take the write", not a bug: named errors, not tracebacks
-DISK_ERRNOS = {errno.EROFS: "the file system is read-only", errno.ENOSPC: "the disk is full",
-               errno.EDQUOT: "the disk quota is exhausted", errno.EACCES: "permission denied",
-               errno.EPERM: "permission denied", errno.EFBIG: "the file is too large for the file system"}
-# Libraries that wrap the OS error in their own exception keep only its text (safetensors, torch.save).
-_DISK_TEXTS = {"No space left on device": errno.ENOSPC, "Read-only file system": errno.EROFS,
-               "Disk quota exceeded": errno.EDQUOT, "Permission denied": errno.EACCES}
-
-
-def disk_error(err: BaseException, path: str | Path) -> ConfigError | None:
-    """A named error for a write to `path` that failed because of the disk (read-only, full,
-    permissions); None for any other failure, which should propagate as it is."""
-    code = err.errno if isinstance(err, OSError) else None
-    if code not in DISK_ERRNOS:
-        code = next((value for text, value in _DISK_TEXTS.items() if text in str(err)), None)
-    if code is None and isinstance(err, RuntimeError) and "unexpected pos" in str(err):
-        code = errno.ENOSPC  # torch.save's zip writer reports a short write on a full disk this way
-    if code is None and isinstance(err, OSError) and re.search(r"\d+ requested and \d+ written", str(err)):
-        code = errno.ENOSPC  # numpy's tofile (the gguf writer) reports a short write without an errno
-    if code is None:
-        return None
-    where = getattr(err, "filename", None) or path
-    return ConfigError(f"cannot write {where}: {DISK_ERRNOS[code]}; free some space or choose another output "
-                       "location")
-
-
-def path_error(err: BaseException) -> ConfigError | None:
-    """A named error for a path the file system cannot take (a name too long, a loop of links) wherever it
-    was met; None for any other failure."""
-    if isinstance(err, OSError) and err.errno in (errno.ENAMETOOLONG, errno.ELOOP):
-        what = "is longer than the file system allows" if err.errno == errno.ENAMETOOLONG else \
-            "is a loop of symbolic links"
-        return ConfigError(f"the path {short_path(err.filename or '?')} {what}; give a shorter or real path")
-    return None
-
-
-@contextlib.contextmanager
-def named_disk_errors(path: str | Path, *, partial: Iterable[str | Path] = ()) -> Iterator[None]:
-    """Turn a disk failure inside the block into `disk_error`'s ConfigError; on any failure delete the
-    `partial` files the block was writing, so no half file is left behind."""
-    try:
-        yield
-    except BaseException as err:
-        for leftover in partial:
-            with contextlib.suppress(OSError):
-                Path(leftover).unlink(missing_ok=True)
-        named = disk_error(err, path)
-        if named is not None:
-            raise named from None
-        raise
 
 
 def check_writable(folder: str | Path, *, flag: str = "--out") -> None:
