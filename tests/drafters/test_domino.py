@@ -26,6 +26,7 @@ from blockdraft.train.schedule import domino_lambda
 from blockdraft.train.loop import train
 from helpers import init_drafter, prompts, teacher_forced_block, tiny_target, trained_drafter, write_chat_jsonl
 from chi_square import DRAWS, chi_square_p, draw, exact_joint, make_target
+from lossless import TRANSFORMERS_TOL, Coverage, check_greedy
 
 REDUCED_VOCAB = torch.arange(0, 256, 2)  # every other token of the tiny target
 
@@ -72,10 +73,14 @@ def test_greedy_with_domino_head_equals_plain_greedy(target, block_size, reduced
                             draft_vocab=REDUCED_VOCAB if reduced else None)
     head = random_domino(backbone, seed=block_size)
     drafter = HeadedDrafter(backbone, [head])
+    coverage = Coverage()
     for prompt in prompts(3, seed=block_size):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=())
-        assert result.tokens == plain(target, prompt, 40)
+        reference = plain(target, prompt, 40)
+        assert result.tokens == reference
+        coverage += check_greedy(target, prompt, result, tol=TRANSFORMERS_TOL, plain=reference)
         assert all(1 <= r.proposed <= block_size - 1 for r in result.rounds[:-1])
+    coverage.require(min_rejected=1)
     # The residual changes what is drafted; off={"domino"} drafts with the backbone alone.
     prompt = prompts(1, seed=50)[0]
     off = HeadedDrafter(backbone, [head], off={"domino"})
@@ -87,12 +92,15 @@ def test_greedy_with_domino_head_equals_plain_greedy(target, block_size, reduced
 def test_trained_backbone_with_head_accepts_and_stays_lossless(target):
     backbone = trained_drafter(target, block_size=8, steps=60)
     drafter = HeadedDrafter(backbone, [random_domino(backbone, seed=4, scale=0.05)])
-    accepted = 0
+    accepted, coverage = 0, Coverage()
     for prompt in prompts(3, seed=7):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=48, stop_token_ids=())
-        assert result.tokens == plain(target, prompt, 48)
+        reference = plain(target, prompt, 48)
+        assert result.tokens == reference
+        coverage += check_greedy(target, prompt, result, tol=TRANSFORMERS_TOL, plain=reference)
         accepted += sum(r.accepted for r in result.rounds)
     assert accepted > 0, "some proposals must be accepted, exercising the accept path"
+    coverage.require(min_rejected=1)
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from blockdraft.train.quick import train_heads
 from helpers import (assert_same_proposals, headed, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)
 from chi_square import DRAWS, chi_square_p, draw, exact_joint, make_target
+from lossless import TRANSFORMERS_TOL, Coverage, check_greedy
 
 RANK = 16
 
@@ -92,12 +93,16 @@ def trained(target):
 def test_greedy_with_markov_head_equals_plain_greedy(target, variant, block_size):
     backbone = init_drafter(target, num_layers=1, block_size=block_size, seed=block_size)
     markov, confidence = random_heads(target, variant, seed=block_size)
+    coverage = Coverage()
     for threshold in (0.0, 0.5):
         drafter = headed(backbone, markov, confidence, confidence_threshold=threshold)
         for prompt in prompts(3, seed=block_size):
             result = blockdraft.generate(target, drafter, prompt, max_new_tokens=40, stop_token_ids=())
-            assert result.tokens == plain(target, prompt, 40)
+            reference = plain(target, prompt, 40)
+            assert result.tokens == reference
+            coverage += check_greedy(target, prompt, result, tol=TRANSFORMERS_TOL, plain=reference)
             assert all(1 <= r.proposed <= block_size - 1 for r in result.rounds[:-1])
+    coverage.require(min_rejected=1)
 
 
 @pytest.mark.slow
