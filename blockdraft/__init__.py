@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 from .checkpoints import init_drafter, load_drafter, save_drafter  # noqa: E402
 from .config import ConfigError, DFlashConfig, SamplingConfig  # noqa: E402
 from .sanity import check_drafter_target  # noqa: E402
-from .decode.loop import GenerationResult, RoundRecord, batch_generate, speculative_generate  # noqa: E402
+from .decode.loop import GenerationResult, RoundRecord, batch_generate, check_counts, speculative_generate  # noqa: E402
 from .decode.proposal import Drafter, NoDrafter, Proposal  # noqa: E402
 from .drafters.tree import as_tree  # noqa: E402
 from .decode.target import TargetModel  # noqa: E402
@@ -31,10 +31,12 @@ def generate(target: TargetModel, drafter: Drafter | None, prompt_ids: torch.Ten
              max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
              stop_token_ids: Iterable[int] | None = None, seed: int | None = 0, draft_argmax: bool = False,
              num_proposals: int | str | None = None, record_q: bool = False,
-             tree_budget: int | str | None = None) -> GenerationResult:
+             tree_budget: int | str | None = None, sampling: SamplingConfig | None = None) -> GenerationResult:
     """Generate with `target`, speculatively when `drafter` is given; the output is lossless.
 
     `stop_token_ids=None` stops at the target's EOS tokens; pass `()` to never stop early.
+    `sampling`: the sampling settings as one `SamplingConfig` (its `draft_argmax` included), in place of
+    temperature/top_p/top_k/draft_argmax.
     `tree_budget`: None verifies the drafter's chain; an integer N verifies a draft tree of at most N
     nodes built from it (DDTree over a DFlash drafter's slot marginals; other drafters' proposals
     as they come); "measured" picks each round's node count from verify passes timed on this machine.
@@ -42,18 +44,13 @@ def generate(target: TargetModel, drafter: Drafter | None, prompt_ids: torch.Ten
     round's chain to the length with the most expected tokens per second (`decode/width.py`); "scheduled"
     drafts and verifies only what is expected to beat a plain step (`decode/schedule.py`).
     """
-    if drafter is not None:
-        check_drafter_target(drafter, target)
-    if tree_budget is not None:
-        if drafter is None:
-            raise ConfigError("tree_budget needs a drafter: plain decoding has no draft to build a tree from")
-        drafter = as_tree(drafter, tree_budget, target)
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
+    drafter, sampling, stops = _checked(target, drafter, max_new_tokens=max_new_tokens, num_proposals=num_proposals,
+                                        sampling=sampling, knobs=dict(temperature=temperature, top_p=top_p,
+                                                                      top_k=top_k, draft_argmax=draft_argmax),
+                                        stop_token_ids=stop_token_ids, tree_budget=tree_budget)
     prompt_ids = _prompt_tensor(prompt_ids)
-    _check_counts(max_new_tokens, num_proposals)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
-    stops = _stop_ids(target, stop_token_ids)
     return speculative_generate(target, drafter, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                 stop_token_ids=stops, seed=seed, num_proposals=num_proposals, record_q=record_q)
 
@@ -62,8 +59,11 @@ def generate_batch(target: TargetModel, drafter: Drafter | None, prompts: Sequen
                    max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                    stop_token_ids: Iterable[int] | None = None, seed: int | Sequence[int | None] | None = 0,
                    draft_argmax: bool = False, num_proposals: int | str | None = None,
-                   record_q: bool = False, max_batch: int | None = None) -> list[GenerationResult]:
+                   record_q: bool = False, max_batch: int | None = None, tree_budget: int | str | None = None,
+                   sampling: SamplingConfig | None = None) -> list[GenerationResult]:
     """Decode several prompts (of any lengths) together; one `GenerationResult` per prompt, in order.
+    Every argument of `generate` (`tree_budget`, `sampling`, ...) means the same here and is checked by the
+    same code.
 
     The target verifies every row in one pass; each row keeps its own length, acceptance and stop, and
     its tokens are what `generate` gives for that prompt alone (greedy: the same tokens; sampling: the
@@ -80,13 +80,13 @@ def generate_batch(target: TargetModel, drafter: Drafter | None, prompts: Sequen
         if isinstance(value, (list, tuple)) or isinstance(value, torch.Tensor):
             raise ConfigError(f"{name} is one value for all rows: mixed sampling settings per row are not supported; "
                               "batch the prompts that share settings, one generate_batch call per setting")
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, draft_argmax=draft_argmax)
-    if drafter is not None:
-        check_drafter_target(drafter, target)
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or not len(prompts):
         raise ConfigError("prompts must be a non-empty list of prompts (each a token-id list or a (1, L) tensor)")
+    drafter, sampling, stops = _checked(target, drafter, max_new_tokens=max_new_tokens, num_proposals=num_proposals,
+                                        sampling=sampling, knobs=dict(temperature=temperature, top_p=top_p,
+                                                                      top_k=top_k, draft_argmax=draft_argmax),
+                                        stop_token_ids=stop_token_ids, tree_budget=tree_budget)
     tensors = [_prompt_tensor(prompt) for prompt in prompts]
-    _check_counts(max_new_tokens, num_proposals)
     if isinstance(seed, int) and not isinstance(seed, bool):
         seeds = [seed + row for row in range(len(tensors))]
     elif seed is None:
@@ -96,7 +96,6 @@ def generate_batch(target: TargetModel, drafter: Drafter | None, prompts: Sequen
         seeds = list(seed)
     else:
         raise ConfigError(f"seed must be an integer, a list of integers (one per prompt) or None, got {seed!r}")
-    stops = _stop_ids(target, stop_token_ids)
     return batch_generate(target, drafter, tensors, max_new_tokens=max_new_tokens, sampling=sampling,
                           stop_token_ids=stops, seeds=seeds, num_proposals=num_proposals, record_q=record_q,
                           max_batch=max_batch)
@@ -115,15 +114,34 @@ def _stop_ids(target: TargetModel, stop_token_ids: Iterable[int] | None) -> list
     return stops
 
 
-def _check_counts(max_new_tokens: int, num_proposals: int | str | None) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if num_proposals is None or num_proposals in ("measured", "scheduled"):
-        return
-    if isinstance(num_proposals, bool) or not isinstance(num_proposals, int) or num_proposals < 1:
-        raise ConfigError(f"num_proposals must be an integer >= 1, 'measured' (each round's count chosen by cost), "
-                          "'scheduled' (the drafting rule of decode/schedule.py) "
-                          f"or None (the drafter's maximum), got {num_proposals!r}")
+_SAMPLING_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "draft_argmax": False}
+
+
+def _checked(target: TargetModel, drafter: Drafter | None, *, max_new_tokens: int, num_proposals: int | str | None,
+             sampling: SamplingConfig | None, knobs: dict, stop_token_ids: Iterable[int] | None,
+             tree_budget: int | str | None) -> tuple[Drafter | None, SamplingConfig, list[int]]:
+    """What `generate` and `generate_batch` both take, checked by this one function: the drafter against the
+    target, the counts (`decode.loop.check_counts`, the loop's own rule), the sampling (one `SamplingConfig`,
+    or its four knobs, never both), the stop ids, and the tree the drafter is then wrapped in.
+    Returns (drafter, sampling, stop ids)."""
+    if drafter is not None:
+        check_drafter_target(drafter, target)
+    check_counts(max_new_tokens, num_proposals)
+    if sampling is None:
+        sampling = SamplingConfig(**knobs)
+    elif not isinstance(sampling, SamplingConfig):
+        raise ConfigError(f"sampling must be a blockdraft.SamplingConfig, got {type(sampling).__name__}")
+    else:
+        given = [name for name, value in knobs.items()
+                 if not (type(value) in (bool, int, float) and value == _SAMPLING_DEFAULTS[name])]
+        if given:
+            raise ConfigError(f"sampling= and {', '.join(name + '=' for name in given)} both set the sampling: pass "
+                              "the settings once, as sampling=SamplingConfig(...) or as the separate arguments")
+    if tree_budget is not None:
+        if drafter is None:
+            raise ConfigError("tree_budget needs a drafter: plain decoding has no draft to build a tree from")
+        drafter = as_tree(drafter, tree_budget, target)
+    return drafter, sampling, _stop_ids(target, stop_token_ids)
 
 
 def _prompt_tensor(prompt_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:

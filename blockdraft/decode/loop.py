@@ -75,8 +75,6 @@ def _check_request(target: TargetModel, prompt_ids: torch.Tensor, max_new_tokens
         raise ConfigError(f"prompt_ids must have shape (1, n), got {tuple(prompt_ids.shape)}")
     if prompt_ids.shape[1] == 0:
         raise ConfigError("the prompt is empty: give at least one token")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     needed = prompt_ids.shape[1] + max_new_tokens + lookahead
     if needed > target.max_positions:
         raise ConfigError(
@@ -97,10 +95,11 @@ def check_depth(proposal: Proposal, budget: int) -> None:
 
 def cut_at_stop(new_tokens: list[int], stops: set[int], room: int) -> tuple[list[int], bool]:
     """The tokens a round commits: a stop token inside the accepted prefix ends generation right there,
-    and at most `room` tokens fit the budget. Returns (tokens, whether a stop token ended it)."""
+    and at most `room` tokens fit the budget. Returns (tokens, whether a stop token ended it: not when the
+    budget cut it off first, which plain decoding reports as the budget too)."""
     for cut, token in enumerate(new_tokens):
         if token in stops:
-            return new_tokens[:cut + 1][:room], True
+            return new_tokens[:cut + 1][:room], cut < room
     return new_tokens[:room], False
 
 
@@ -144,6 +143,25 @@ def batch_generate(target: TargetModel, drafter: Drafter | None, prompts: Sequen
                   max_batch=max_batch)
 
 
+#: num_proposals words: a rule chooses each round's count (at most the drafter's maximum)
+PROPOSAL_RULES = ("measured", "scheduled")
+
+
+def check_counts(max_new_tokens: int, num_proposals: int | str | None) -> None:
+    """The one rule for the counts a run asks for, used by `generate`, `generate_batch` and the loop itself:
+    `max_new_tokens` an integer >= 1; `num_proposals` None (the drafter's maximum each round), an integer
+    K >= 1 (at most K per round) or a rule's name (`PROPOSAL_RULES`). K = 0 is refused: a run that may never
+    propose is plain decoding, which is asked for with no drafter (`drafter=None`)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if num_proposals is None or (isinstance(num_proposals, str) and num_proposals in PROPOSAL_RULES):
+        return
+    if isinstance(num_proposals, bool) or not isinstance(num_proposals, int) or num_proposals < 1:
+        rules = " or ".join(repr(rule) for rule in PROPOSAL_RULES)
+        raise ConfigError(f"num_proposals must be an integer >= 1, {rules} (each round's count chosen by that rule) "
+                          f"or None (the drafter's maximum), got {num_proposals!r}; for plain decoding pass no drafter")
+
+
 def _check_run(target: TargetModel, drafter: Drafter, prompts: Sequence[torch.Tensor], max_new_tokens: int,
                seeds: Sequence[int | None], num_proposals: int | str | None, max_batch: int | None) -> int:
     """Refuse a malformed run; returns the most tokens a row may propose per round."""
@@ -152,9 +170,8 @@ def _check_run(target: TargetModel, drafter: Drafter, prompts: Sequence[torch.Te
     if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
         raise ConfigError(f"max_batch must be an integer >= 1 (the most rows decoding at once) or None (every "
                           f"prompt at once), got {max_batch!r}")
-    measured = num_proposals in ("measured", "scheduled")
-    if not measured and num_proposals is not None and (isinstance(num_proposals, str) or num_proposals < 0):
-        raise ConfigError(f"num_proposals must be >= 0, None, 'measured' or 'scheduled', got {num_proposals!r}")
+    check_counts(max_new_tokens, num_proposals)
+    measured = num_proposals in PROPOSAL_RULES
     proposals = (drafter.max_proposals if num_proposals is None or measured
                  else min(num_proposals, drafter.max_proposals))
     for prompt in prompts:

@@ -155,9 +155,7 @@ class LoopRunner:
 
     def run(self, prompt_ids: list[int], *, max_new_tokens: int, seed: int) -> Measurement:
         result = generate(self.target, self.drafter, prompt_ids, max_new_tokens=max_new_tokens,
-                          temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                          top_k=self.sampling.top_k, seed=seed,
-                          num_proposals=self.num_proposals,
+                          sampling=self.sampling, seed=seed, num_proposals=self.num_proposals,
                           record_q=self.record_q and self.drafter is not None)
         return Measurement(tokens=result.tokens, prompt_length=result.prompt_length,
                            prefill_s=_round_time(result.prefill_s), decode_s=_round_time(result.decode_s),
@@ -168,9 +166,7 @@ class LoopRunner:
         """The prompts decoded together (`generate_batch`, at most `max_batch` at once: continuous batching);
         one measurement per prompt, decode_s its latency."""
         results = generate_batch(self.target, self.drafter, prompts, max_new_tokens=max_new_tokens,
-                                 max_batch=max_batch,
-                                 temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                 top_k=self.sampling.top_k, seed=seed,
+                                 max_batch=max_batch, sampling=self.sampling, seed=seed,
                                  num_proposals=self.num_proposals,
                                  record_q=self.record_q and self.drafter is not None)
         return [Measurement(tokens=r.tokens, prompt_length=r.prompt_length, prefill_s=_round_time(r.prefill_s),
