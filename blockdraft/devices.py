@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import torch
 
 from .config import ConfigError
@@ -61,3 +64,19 @@ def pick_device(name: str | None, *, field: str = "--device") -> torch.device:
         raise ConfigError(f"{field} {name!r}: this torch build has no usable CUDA device; use {field} cpu "
                           "(or install a CUDA build of torch on a machine with a GPU)")
     return device
+
+
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers ("AMD EPYC (family 25, model 17)"): the name
+    alone does not tell an AVX2-only EPYC from one with AVX512-BF16, and every timing names the CPU."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip().lower(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or fields.get("hardware") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name

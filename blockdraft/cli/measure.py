@@ -11,7 +11,8 @@ import torch
 
 from ..config import ConfigError
 from ..eval import bench, compare, verify_cost
-from ..eval.bench import RESULTS, BenchConfig, cpu_model, redraw_report, run_bench
+from ..devices import cpu_model
+from ..eval.bench import RESULTS, BenchConfig, redraw_report, run_bench
 from ..eval.compare import draw_curves, run_compare
 from ..eval.engine import engine_overhead, format_engine_overhead
 from ..eval.train_speed import bench_train

