@@ -3,7 +3,7 @@
  * Why a shim and not ctypes alone: llama.cpp passes `llama_model_params`, `llama_context_params` and
  * `llama_batch` by value, and their layouts change between releases; compiled here against the pinned
  * build's own `llama.h`, the compiler lays them out. Every function below takes and returns plain C
- * types, so `engines/llama_lib.py` binds them with ctypes without knowing any llama.cpp struct.
+ * types, so `targets/llama_lib.py` binds them with ctypes without knowing any llama.cpp struct.
  *
  * One `bd_engine` is one model and one context: a KV memory whose cells carry sequence ids, which is
  * how rows (one sequence each) and tree branches (a sequence per node) share one verify pass.
