@@ -119,3 +119,15 @@ def test_sampling_is_one_object_or_its_knobs_never_both(target):
             call(target, drafter, first, sampling=sampling, temperature=0.5, draft_argmax=True)
         with pytest.raises(ConfigError, match="sampling must be a blockdraft.SamplingConfig"):
             call(target, drafter, first, sampling={"temperature": 1.0})
+
+
+def test_generate_batch_takes_every_argument_generate_takes():
+    """The batch API is the one-prompt API over several prompts: each of `generate`'s arguments is also one of
+    `generate_batch`'s, with the same default (`seed` may also be a list there)."""
+    import inspect
+    one = inspect.signature(blockdraft.generate).parameters
+    many = inspect.signature(blockdraft.generate_batch).parameters
+    missing = [name for name in one if name != "prompt_ids" and name not in many]
+    assert not missing, f"generate_batch lacks {missing}"
+    assert {name: one[name].default for name in one if name != "prompt_ids"} == \
+        {name: many[name].default for name in one if name != "prompt_ids"}
