@@ -17,6 +17,7 @@ from typing import Callable
 
 from ..assets import home, resolve_model
 from ..config import ConfigError
+from .derived import derived_name, folder_sha256
 from .gguf_arch import open_gguf
 from .llamacpp import EngineError, engine_root, release_dir, tree_dir
 
@@ -86,9 +87,13 @@ def convert_target_gguf(target: str | Path, out_file: str | Path, *, outtype: st
 
 
 def target_gguf_path(target: str, outtype: str) -> Path:
-    """Where `convert_target_gguf` keeps a converted asset target: $BLOCKDRAFT_HOME/engines/llama.cpp/gguf/."""
-    name = Path(str(target).rstrip("/")).name
-    return engine_root() / "gguf" / f"{name}-{outtype}.gguf"
+    """Where `convert_target_gguf` keeps a converted target: $BLOCKDRAFT_HOME/engines/llama.cpp/gguf/, named by
+    the content of the folder's files (what the converter reads), so another model under the same name, or the
+    folder's weights replaced, is converted again (`derived.py`)."""
+    folder = resolve_target_dir(target)
+    root = engine_root() / "gguf"
+    digest = folder_sha256([path for path in folder.iterdir() if path.is_file()], root)
+    return root / derived_name(folder.name, digest, f"-{outtype}.gguf")
 
 
 def shipped_target_gguf(target: str) -> Path:

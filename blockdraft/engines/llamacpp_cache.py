@@ -10,6 +10,7 @@ from typing import Callable
 
 from ..files import why_not_a_file
 from . import gguf_files
+from .derived import content_sha256, derived_name
 from .gguf_arch import SOURCE_ARCH, qwen2_gguf_as_llama
 from .llamacpp import EngineError, engine_root
 
@@ -38,8 +39,11 @@ def runnable_target_gguf(model: Path, *, arch: str, drafts: bool, tree: Path | N
     if arch == "auto" and (not drafts or gguf_files.gguf_architecture(model) != SOURCE_ARCH
                            or SOURCE_ARCH in gguf_files.dflash_target_archs(tree)):
         return model
-    copy = engine_root() / "gguf" / f"{model.stem}-as-llama.gguf"
-    if copy.is_file() and copy.stat().st_mtime >= model.stat().st_mtime:
+    # named by the source's content: another file under the same name, or one replaced by an older copy
+    # (`cp -p`), gets its own copy instead of decoding with the old model's weights (`derived.py`)
+    folder = engine_root() / "gguf"
+    copy = folder / derived_name(model.stem, content_sha256(model, folder), "-as-llama.gguf")
+    if copy.is_file():
         return copy
     return qwen2_gguf_as_llama(model, copy, log=log)
 
