@@ -147,11 +147,9 @@ def check_greedy(target, prompt: torch.Tensor, result, *, tol: float, plain: lis
             f"tolerance {tol:.3g}; {int((short > tol).sum())} such positions")
     if plain is not None:
         first = next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), None)
-        if first is None and len(tokens) != len(plain):
-            first = min(len(tokens), len(plain))
-            if first < len(tokens):  # plain stopped earlier (a stop token): the output must too
-                raise LosslessError(f"output runs past plain greedy's {len(plain)} tokens")
-        elif first is not None:
+        if first is None and len(tokens) != len(plain):  # one stopped where the other did not
+            raise LosslessError(f"the output has {len(tokens)} tokens, plain greedy {len(plain)}, the same up to there")
+        if first is not None:
             plain_short = float(logits[first].max() - logits[first, plain[first]])
             if plain_short > tol:
                 raise LosslessError(f"first difference from plain greedy at position {first} is no near tie: plain "

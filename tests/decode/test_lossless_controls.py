@@ -99,3 +99,35 @@ def test_the_sabotages_are_restored():
     with sabotaged("accept_all"):
         assert accept.verify is SABOTAGES["accept_all"][0]
     assert accept.verify is verify.verify and accept.verify_tree is tree.verify_tree
+
+
+def test_rejections_are_read_off_the_round_records():
+    from types import SimpleNamespace
+
+    from blockdraft.decode.loop import RoundRecord
+    from lossless import rejections
+
+    def record(tokens, parents, accepted, emitted, proposed=None):
+        return RoundRecord(proposed=len(tokens) if proposed is None else proposed, accepted=accepted, emitted=emitted,
+                           draft_s=0, verify_s=0, round_s=0, draft_tokens=tokens, draft_parents=parents)
+
+    rounds = [record([5, 6, 7], None, 1, 2),  # chain: 5 accepted, 6 rejected (9 committed instead)
+              record([3, 4], None, 2, 3),  # chain: all accepted, bonus token: no rejection
+              record([1, 2, 8], [-1, -1, 0], 1, 2),  # tree: 1 accepted, its child 8 rejected
+              record([4, 2], [-1, 0], 0, 1),  # tree: nothing accepted, the anchor's child 4 rejected
+              record([], None, 0, 1)]  # nothing drafted
+    tokens = [0, 5, 9, 3, 4, 6, 1, 7, 3, 2]
+    assert rejections(SimpleNamespace(tokens=tokens, rounds=rounds)) == (3, 4)
+
+
+def test_the_second_check_refuses_a_first_difference_that_is_no_near_tie(engine):
+    target, tol, _ = engine
+    prompt = prompts(1, seed=4)[0]
+    result = blockdraft.generate(target, None, prompt, max_new_tokens=12, stop_token_ids=())
+    assert check_greedy(target, prompt, result, tol=tol, plain=result.tokens).checked == 12
+    logits = teacher_forced_logits(target, prompt, result.tokens)
+    far = int(logits[5].argmin())  # plain "greedy" that took the worst token at position 5
+    with pytest.raises(LosslessError, match="first difference from plain greedy at position 5"):
+        check_greedy(target, prompt, result, tol=tol, plain=result.tokens[:5] + [far] + result.tokens[6:])
+    with pytest.raises(LosslessError, match="tokens, plain greedy"):
+        check_greedy(target, prompt, result, tol=tol, plain=result.tokens[:-1])
