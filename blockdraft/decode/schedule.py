@@ -28,7 +28,9 @@ k passes then, it is verified (an exploring round: its outcome narrows the bound
 bucket whose upper bound cannot beat the plain step is not probed at all, and one that is explored stops being
 explored as soon as its bound falls below the cost: no fixed probe interval that costs more than it teaches.
 Before drafting, a drafter whose draft takes time (DFlash, small-AR) is asked to draft only when some bucket's
-upper bound pays for the draft too (`drafts`), so a drafter that cannot pay on this machine stops drafting.
+upper bound pays for the draft too (`drafts`), so a drafter that cannot pay on this machine stops drafting; one
+whose drafting costs under `FREE_DRAFT` of a plain step (lookup's search) is always asked, since its proposals
+are where new evidence comes from (a copy that starts late in an answer) and asking costs next to nothing.
 
 Verify costs are re-timed as the run goes: each round's measured verify pass (its row count and node count)
 moves the timed curve (`VerifyCost.observe`), so start-up timings taken on a quiet moment do not decide a
@@ -59,6 +61,7 @@ DEEPER_PRIOR = 2.0  # pseudo-counts of a deeper slot's prior, centred on the slo
 OPTIMISM = 0.9  # the posterior quantile of each a_j an exploring round reads
 MAX_COUNT = 1000.0  # verifications a slot remembers
 DRAFT_WEIGHT = 0.2  # a drafting round's weight in the drafting time's moving average
+FREE_DRAFT = 0.05  # drafting under this share of a plain step is always asked (lookup's search: new evidence)
 
 _SCHEDULES: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[TargetModel, Schedule]]" = \
     weakref.WeakKeyDictionary()
@@ -154,7 +157,7 @@ class Schedule:
         """Whether the coming round drafts (at most `max_k` deep): before anything is counted, yes; after, when some
         bucket's upper bound pays for a draft at the drafter's drafting time."""
         self.declined = False
-        if not self.buckets or self.draft_s is None or max_k < 1:
+        if not self.buckets or self.draft_s is None or max_k < 1 or self.draft_s < FREE_DRAFT * self.cost(0, rows):
             return max_k >= 1
         costs = self.draft_s + self.cost.curve(rows)[:max_k + 1]
         for counts in self.buckets.values():

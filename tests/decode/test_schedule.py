@@ -88,8 +88,11 @@ def test_the_schedule_drafts_only_where_some_upper_bound_pays_for_the_drafting()
     schedule.observe_round([chain(15)], [[0, 1]], draft_s=0.8, verify_s=6.0)  # a costly draft, two accepted
     teach(schedule.counts(None), 0.4, 15, 200)
     assert not schedule.drafts(1, 15) and schedule.declined  # a plain step, the drafter is not asked
-    schedule.draft_s = 0.0
-    teach(schedule.counts(None), 0.97, 15, 2000)  # the drafter turned good (and its drafting free)
+    schedule.draft_s = 0.01  # a search at 1% of a step (lookup's) is always asked: it is where evidence comes from
+    assert schedule.drafts(1, 15) and not schedule.declined
+    schedule.draft_s = 0.1
+    assert not schedule.drafts(1, 15)
+    teach(schedule.counts(None), 0.97, 15, 2000)  # the drafter turned good
     assert schedule.drafts(1, 15) and not schedule.declined
 
 
@@ -284,3 +287,34 @@ def test_bench_lookup_records_the_bucket_and_k_of_every_round():
     assert [record["k"] for record in schedule] == measured.rounds["proposed"]  # chains: k is what was verified
     assert any(record["evidence"] for record in schedule)  # the repeated text matched
     assert "schedule" not in runners[1].run(piece * 4, max_new_tokens=8, seed=0).rounds
+
+
+def test_scheduled_lookup_and_hybrid_on_a_gguf_target_are_lossless(tmp_path, monkeypatch):
+    """The rule on llama.cpp's kernels (lookup: its own timed curve, re-timed as it runs): every emitted token the
+    one-token step's argmax on its own prefix (`lossless.check_greedy`), at batch 1 and 3. The hybrid's random
+    DFlash source costs more than its drafts commit, which the rule sees and declines, so it runs on a flat
+    pinned curve (re-timed from there) to verify drafts at all."""
+    from gguf_models import plain_with_gaps, require_llamacpp, write_tiny_gguf
+    from lossless import GGUF_TOL, Coverage, check_greedy, shrink_logits
+
+    require_llamacpp()
+    hf = shrink_logits(tiny_target("qwen3"))
+    gguf = blockdraft.load_target(write_tiny_gguf(hf.model, tmp_path / "target.gguf"), threads=1)
+    batch = repeating_prompts(gguf)[:3]
+    plain = [plain_with_gaps(gguf, p, 30) for p in batch]
+    lookup, _ = build_drafter(parse_spec("lookup"), BuildContext(gguf))
+    hybrid = TreeDrafter([LookupDrafter(6), init_drafter(hf, num_layers=1, block_size=4)], 8,
+                         labels=["lookup", "dflash"], target=gguf)
+    for name, drafter in (("lookup", lookup), ("hybrid", hybrid)):
+        if name == "hybrid":
+            pin_verify_costs(monkeypatch, lambda rows, k: 1.0)
+        coverage = Coverage()
+        single = [blockdraft.generate(gguf, drafter, p, max_new_tokens=30, stop_token_ids=(),
+                                      num_proposals="scheduled") for p in batch]
+        rows = blockdraft.generate_batch(gguf, drafter, batch, max_new_tokens=30, stop_token_ids=(),
+                                         num_proposals="scheduled")
+        for prompt, one, row, (tokens, _) in zip(batch, single, rows, plain):
+            coverage += check_greedy(gguf, prompt, one, tol=GGUF_TOL, plain=tokens)
+            coverage += check_greedy(gguf, prompt, row, tol=GGUF_TOL, plain=tokens)
+        coverage.require(min_rejected=0)  # every token checked (the rule may decline every draft that would fail)
+        assert sum(r.accepted for result in single + rows for r in result.rounds) > 0, name

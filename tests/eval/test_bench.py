@@ -261,7 +261,8 @@ def test_tree_lookup_and_hybrid_methods(assets, tmp_path):
     drafter = assets / "dflash"
     methods = ["ar", f"dflash:{drafter},tree=6", f"dflash:{drafter},tree=measured", "lookup", "lookup,tree=8",
                f"lookup:{corpus},tree=8,branches=3,ngram=2,tokens=3",
-               f"hybrid:lookup+small-ar={assets / 'target'}+dflash={drafter},tree=8",
+               # a fixed K: the default scheduled rule rightly declines a draft model as large as the target
+               f"hybrid:lookup+small-ar={assets / 'target'}+dflash={drafter},tree=8,proposals=3",
                f"hybrid:lookup+small-ar={assets / 'target'},mode=fallback,min_ngram=2"]
     out = tmp_path / "run"
     assert main(bench_args(assets, out, methods=methods, n="2", tokens="16")) == 0
