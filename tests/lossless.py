@@ -158,6 +158,16 @@ def check_greedy(target, prompt: torch.Tensor, result, *, tol: float, plain: lis
     return Coverage(generated=len(tokens), checked=len(tokens), rejected=rejected, drafted=drafted)
 
 
+def require_lossless(target, prompts, results, plains=None, *, tol: float = TRANSFORMERS_TOL,
+                     min_rejected: int = 1) -> Coverage:
+    """`check_greedy` over outputs in order (prompts[i] -> results[i], optionally plains[i]), then the floor:
+    every token checked and at least `min_rejected` drafts rejected inside them."""
+    coverage = Coverage()
+    for index, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        coverage += check_greedy(target, prompt, result, tol=tol, plain=None if plains is None else plains[index])
+    return coverage.require(min_rejected=min_rejected)
+
+
 # ---- negative controls: three wrong greedy rules, each a drop-in for `decode/accept.py`'s chain and tree rules
 
 def _chain_rule(accepted_of):

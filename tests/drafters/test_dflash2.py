@@ -23,6 +23,7 @@ from blockdraft.export.folders import export_drafter
 from blockdraft.train.quick import quick_fit
 from chi_square import VOCAB, chi_square_p, draw, exact_joint
 from helpers import own_text, prompts, tiny_target
+from lossless import require_lossless
 
 TRAINING_PROMPTS = 4
 
@@ -235,6 +236,8 @@ def test_greedy_dflash2_equals_plain_decoding_as_chains_trees_and_batch_rows():
     rows = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=32, stop_token_ids=())
     assert [r.tokens for r in chains] == plain and [r.tokens for r in trees] == plain
     assert [r.tokens for r in rows] == plain
+    for results in (chains, trees, rows):  # and every token the target's argmax on its own prefix
+        require_lossless(target, batch, results, plain)
     # Each row drafts what its own drafter drafts alone (the selector walks each row from its own anchor).
     assert [[d.draft_tokens for d in r.rounds] for r in rows] == [[d.draft_tokens for d in r.rounds] for r in chains]
     assert sum(d.accepted for r in chains for d in r.rounds) > 10
@@ -557,7 +560,10 @@ def test_selector_trees_are_lossless_and_hold_the_selector_chain():
     plain = [blockdraft.generate(target, None, prompt, max_new_tokens=32, stop_token_ids=()).tokens for prompt in batch]
     results = [blockdraft.generate(target, tree, prompt, max_new_tokens=32, stop_token_ids=()) for prompt in batch]
     assert [r.tokens for r in results] == plain
-    assert [r.tokens for r in blockdraft.generate_batch(target, tree, batch, max_new_tokens=32, stop_token_ids=())] == plain
+    rows = blockdraft.generate_batch(target, tree, batch, max_new_tokens=32, stop_token_ids=())
+    assert [r.tokens for r in rows] == plain
+    require_lossless(target, batch, results, plain)
+    require_lossless(target, batch, rows, plain)
     assert any(r.draft_parents is not None for result in results for r in result.rounds)
     assert sum(r.accepted for result in results for r in result.rounds) > 10
     sampled = blockdraft.generate(target, tree, batch[0], max_new_tokens=16, stop_token_ids=(), temperature=1.0)
@@ -599,6 +605,7 @@ def test_a_tree_budget_over_a_selector_drafter_grows_the_selector_tree():
     plain = blockdraft.generate(target, None, prompt, max_new_tokens=24, stop_token_ids=()).tokens
     result = blockdraft.generate(target, drafter, prompt, max_new_tokens=24, stop_token_ids=(), tree_budget=12)
     assert result.tokens == plain
+    require_lossless(target, [prompt], [result], [plain])
     assert any(r.draft_parents is not None and len(r.draft_parents) > 1 for r in result.rounds)
 
 
@@ -631,6 +638,8 @@ def test_a_measured_selector_tree_is_sized_by_the_verify_cost():
     tree = as_tree(drafter, "measured", target)
     rows = blockdraft.generate_batch(target, tree, batch, max_new_tokens=24, stop_token_ids=())
     assert [r.tokens for r in rows] == plain
+    require_lossless(target, batch, measured, plain)
+    require_lossless(target, batch, rows, plain)
 
 
 def test_heads_over_a_selector_drafter_are_refused_by_name():

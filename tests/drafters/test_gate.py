@@ -13,6 +13,7 @@ from blockdraft.drafters.tree import TreeDrafter
 from chi_square import NEW, PROMPT, SAMPLING, chi_square_p, draw_rows, exact_joint, make_target
 from helpers import init_drafter, targets, trained  # noqa: F401 (fixtures)
 from helpers import prompts as helper_prompts
+from lossless import require_lossless
 
 
 def run_rule(rule: GateRule, rounds: int, drafted_rate: float, plain_rate: float = 1.0) -> list[bool]:
@@ -63,6 +64,7 @@ def test_gated_decoding_is_lossless_greedy(monkeypatch, targets, trained, rows):
         gated = MeasuredGate(inner)
         results = blockdraft.generate_batch(target, gated, prompts, max_new_tokens=24, stop_token_ids=())
         assert [r.tokens for r in results] == plain, name
+        require_lossless(target, prompts, results, plain, min_rejected=0 if name == "lookup" else 1)
         proposed = [r.proposed for result in results for r in result.rounds]
         assert 0 in proposed, name  # plain rounds happened
         if name != "lookup":  # (lookup proposes nothing on random prompts)

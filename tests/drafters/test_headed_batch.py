@@ -20,6 +20,7 @@ from blockdraft.drafters.tree import TreeDrafter
 from blockdraft.train.quick import quick_fit
 from helpers import headed, init_drafter, own_text, propose_rows_like_alone, tiny_target
 from test_local_head import random_local
+from lossless import require_lossless
 
 RANK = 16
 LENGTHS = (7, 17, 3, 11)  # prompt lengths: rows are padded and their contexts differ
@@ -115,6 +116,7 @@ def test_each_row_decodes_plain_greedy_and_its_batch_one_tokens(target, fitted, 
         assert row.tokens == pool_row.tokens == alone.tokens == plain(target, prompt, 30)
         assert [r.proposed for r in row.rounds] == [r.proposed for r in alone.rounds]  # pruned alike
         assert [r.accepted for r in row.rounds] == [r.accepted for r in alone.rounds]
+    require_lossless(target, batch, together)  # each row's tokens the argmax on its own prefix, drafts rejected
     accepted = [sum(r.accepted for r in row.rounds) for row in together]
     assert all(count > 0 for count in accepted), f"every row must accept drafts, or its commit path goes untested: {accepted}"
     if kind != "domino" and kind != "dels":  # pruning really cut blocks below the budget in a batch

@@ -29,6 +29,7 @@ from blockdraft.train.local_head import LocalHeadTrainConfig, fit_fusion_weights
 from helpers import (assert_same_proposals, init_drafter, own_text, prompts,
                      proposals, teacher_forced_block, tiny_target, trained_drafter)
 from chi_square import DRAWS, chi_square_p, draw, exact_joint, make_target
+from lossless import require_lossless
 
 GRU_HIDDEN, RANK = 32, 16
 
@@ -158,10 +159,13 @@ def test_greedy_with_fusion_equals_plain_greedy(target, variant, block_size, red
     backbone = init_drafter(target, num_layers=1, block_size=block_size, seed=block_size, draft_vocab=draft_vocab)
     short, prior = random_local(target, variant, seed=block_size, scale=0.5)
     drafter = attach_local_head(backbone, (short, prior), alpha=1.0, beta=0.5)
+    results = []
     for prompt in prompts(2, seed=block_size):
         result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
         assert result.tokens == plain(target, prompt, 30)
         assert all(1 <= r.proposed <= block_size - 1 for r in result.rounds[:-1])
+        results.append(result)
+    require_lossless(target, prompts(2, seed=block_size), results)
     # Fusion really changes the draft; off={"local"} drafts without it.
     off = HeadedDrafter(backbone, [find_fusion_head(drafter)], off={"local"})
     prompt = prompts(1, seed=5)[0]
@@ -187,7 +191,7 @@ def trained(target):
 def test_trained_local_head_is_lossless_and_accepts(target, trained):
     backbone, head, prior, _, _ = trained
     drafter = attach_local_head(backbone, (head, prior))
-    accepted = 0
+    accepted, runs = 0, []
     for prompt in prompts(2, seed=123):  # the prompts of own_text: text both were trained on
         reference = plain(target, prompt, 48)
         for k in (3, 7):
@@ -195,7 +199,9 @@ def test_trained_local_head_is_lossless_and_accepts(target, trained):
                                          num_proposals=k)
             assert result.tokens == reference
             accepted += sum(r.accepted for r in result.rounds)
+            runs.append((prompt, result, reference))
     assert accepted > 0, "some proposals must be accepted, exercising the accept path"
+    require_lossless(target, *zip(*runs))
 
 
 @pytest.fixture(scope="module")
