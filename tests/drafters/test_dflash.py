@@ -10,6 +10,7 @@ from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
 from blockdraft.train.blocks import build_blocks
 from blockdraft.train.quick import draft_logits_for_blocks
 from helpers import init_drafter, tiny_target
+from lossless import require_lossless
 
 RELEASED_KEYS_PER_LAYER = [
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -204,9 +205,13 @@ def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
     outside = torch.ones(256, dtype=torch.bool)
     outside[vocab] = False
     assert (proposal.q_draft.cpu()[:, outside] == 0).all() and torch.isin(proposal.tokens.cpu(), vocab).all()
+    runs = []
     for prompt in (ids, torch.randint(1, 200, (1, 7))):
         plain = blockdraft.generate(target, None, prompt, max_new_tokens=40, stop_token_ids=())
-        assert blockdraft.generate(target, loaded, prompt, max_new_tokens=40, stop_token_ids=()).tokens == plain.tokens
+        result = blockdraft.generate(target, loaded, prompt, max_new_tokens=40, stop_token_ids=())
+        assert result.tokens == plain.tokens
+        runs.append((prompt, result, plain.tokens))
+    require_lossless(target, *zip(*runs))
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
@@ -225,4 +230,6 @@ def test_init_from_target_layers_copies_the_next_layer(arch):
     import blockdraft
     prompt = torch.randint(1, 200, (1, 9))
     plain = blockdraft.generate(target, None, prompt, max_new_tokens=30, stop_token_ids=())
-    assert blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=()).tokens == plain.tokens
+    result = blockdraft.generate(target, drafter, prompt, max_new_tokens=30, stop_token_ids=())
+    assert result.tokens == plain.tokens
+    require_lossless(target, [prompt], [result], [plain.tokens])

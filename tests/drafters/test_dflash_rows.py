@@ -11,6 +11,7 @@ from blockdraft.checkpoints.dflash import new_drafter_config
 from blockdraft.config import SamplingConfig
 from blockdraft.drafters.dflash import DFlashDraftModel, DFlashDrafter
 from helpers import init_drafter, propose_rows_like_alone, tiny_target, trained_drafter
+from lossless import require_lossless
 
 LENGTHS = (7, 17, 3, 11)  # prompt lengths: rows are padded and their contexts differ
 
@@ -94,6 +95,7 @@ def test_batched_decoding_drafts_all_rows_in_one_pass():
     for prompt, result in zip(batch, results):  # and every row is still its own plain greedy text
         assert result.tokens == blockdraft.generate(target, None, prompt, max_new_tokens=24,
                                                     stop_token_ids=()).tokens
+    require_lossless(target, batch, results)  # each token the argmax on its own prefix, drafts rejected inside
 
 
 def test_a_drafters_state_is_named_for_what_it_holds():
