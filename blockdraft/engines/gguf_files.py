@@ -19,6 +19,7 @@ from ..assets import home, resolve_model
 from ..config import ConfigError
 from .derived import derived_name, folder_sha256
 from .gguf_arch import open_gguf
+from .gguf_header import read_gguf_header
 from .llamacpp import EngineError, engine_root, release_dir, tree_dir
 
 OUTTYPES = ("f32", "f16", "bf16")
@@ -116,8 +117,9 @@ def dflash_target_archs(tree: Path | None = None) -> set[str]:
 
 
 def gguf_architecture(path: str | Path) -> str:
-    field = open_gguf(path).fields.get("general.architecture")
-    return str(field.contents()) if field is not None else ""
+    """The file's `general.architecture` ("" when it names none), read with bounds (`gguf_header.py`)."""
+    arch = read_gguf_header(path).metadata.get("general.architecture")
+    return arch if isinstance(arch, str) else ""
 
 
 def check_dflash_target(target_gguf: str | Path, tree: Path | None = None) -> None:

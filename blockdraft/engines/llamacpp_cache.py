@@ -53,5 +53,5 @@ def architecture_or_unreadable(path: Path) -> str:
     the record, is the judge of a file)."""
     try:
         return gguf_files.gguf_architecture(path)
-    except (ValueError, IndexError, OSError):
+    except (ValueError, IndexError, OSError, EngineError):  # EngineError is a ConfigError
         return "unreadable"

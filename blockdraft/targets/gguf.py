@@ -40,7 +40,8 @@ from ..decode.target import TargetOutput, head_logits
 from ..devices import parse_dtype
 from ..engines.gguf_arch import open_gguf
 from ..engines.llamacpp import LLAMACPP, EngineError, gguf_engine
-from .llama_lib import MAX_SEQUENCES, LlamaEngine
+from ..engines.gguf_header import check_gguf_numbers
+from .llama_lib import MAX_SEQUENCES, LlamaEngine, check_context, check_threads
 
 if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
     from ..decode.proposal import Proposal
@@ -99,6 +100,7 @@ def load(source: str | Path, *, dtype: str | torch.dtype | None = None, device: 
                           "for it (use the model's Hugging Face folder for a GPU)")
     # ik_llama.cpp's shim reads layer inputs from every graph (its eval callback), so the file runs as it is
     arch = "native" if gguf_engine() is not LLAMACPP else "auto"
+    check_gguf_numbers(check_gguf_file(source))  # bounded metadata and sane numbers before any copy is made
     runnable = runnable_target_gguf(check_gguf_file(source), arch=arch, drafts=True,
                                     log=lambda line: print(line, file=sys.stderr))
     return GGUFTarget(runnable, dtype=dtype, threads=threads, n_ctx=n_ctx or 4096, name=str(source))
@@ -117,9 +119,10 @@ class GGUFTarget:
                  dtype: str | torch.dtype | None = None, tokenizer=None, name: str | None = None,
                  verbose: bool = False):
         path = check_gguf_file(path)
-        if n_ctx < 16 or n_batch < 1:
-            raise ConfigError(f"a GGUF target needs n_ctx >= 16 and n_batch >= 1, got {n_ctx} and {n_batch}")
-        threads = threads or torch.get_num_threads()
+        # checked before llama.cpp sees them: a string reaches ctypes, -1 or 2^31 threads a 16 EiB allocation
+        threads = check_threads(torch.get_num_threads() if threads is None else threads)
+        n_ctx, n_batch = check_context(n_ctx, n_batch)
+        check_gguf_numbers(path)  # numbers llama.cpp asserts on (an abort, not an error) refused by name first
         self.path, self.name = path, name or str(path)
         self.engine = LlamaEngine(path, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=MAX_SEQUENCES,
                                   n_outputs_max=n_batch, threads=threads, verbose=verbose)
@@ -127,7 +130,9 @@ class GGUFTarget:
         self.architecture = self.engine.meta("general.architecture") or "?"
         self.num_layers, self.hidden_size = self.engine.n_layer, self.engine.n_embd
         self.vocab_size = self.engine.n_vocab
-        self.max_positions = self.engine.n_ctx_train or n_ctx
+        # a row's positions: the context we made (every row shares its cells), never more than the file trained
+        # on; so a prompt + max_new_tokens past it is refused before decoding, not at the full memory
+        self.max_positions = min(self.engine.n_ctx_train or self.engine.n_ctx, self.engine.n_ctx)
         softcap = self.engine.meta(f"{self.architecture}.final_logit_softcapping")
         self.softcap: float | None = float(softcap) if softcap else None
         self.dtype = parse_dtype(dtype, "cpu") if dtype else torch.float32
@@ -138,6 +143,10 @@ class GGUFTarget:
         self._captured: frozenset[int] = frozenset()
         self._config: SimpleNamespace | None = None
         self.engine.clear()
+
+    def close(self) -> None:
+        """Free llama.cpp's model and context now; every later call is a named error (`LlamaEngine.handle`)."""
+        self.engine.close()
 
     def __repr__(self) -> str:
         return f"GGUFTarget({self.path.name}, {self.architecture}, {self.num_layers} layers, {self.threads} threads)"
@@ -151,6 +160,10 @@ class GGUFTarget:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.path.parent, gguf_file=self.path.name)
             except (OSError, ValueError, KeyError, TypeError, NotImplementedError, RuntimeError):
                 self._tokenizer = False
+            except Exception as err:  # noqa: BLE001 -- tokenizers' bare Exception ('Error while initializing BPE')
+                raise ConfigError(f"{self.name}: transformers cannot build a tokenizer from this file's vocabulary "
+                                  f"({type(err).__name__}: {err}); its token list is not the byte-level BPE pieces "
+                                  "its tokenizer.ggml.model names: the file is corrupt or hand-edited") from None
         return self._tokenizer or None
 
     @property

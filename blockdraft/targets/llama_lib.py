@@ -100,6 +100,8 @@ def library(build: LlamaCppBuild | None = None) -> ctypes.CDLL:
     process: llama.cpp's and ik_llama.cpp's libraries are both `libllama.so`, and the loader would resolve the
     second engine's shim against the first's library, so a process runs one engine."""
     global _LIB
+    if build is None and _LIB is not None:
+        return _LIB[1]
     build = build or find_llamacpp(gguf_engine())
     if _LIB is not None and _LIB[0] != build.source.name:
         raise EngineError(f"this process already runs GGUF targets on {_LIB[0]}; {build.source.name} cannot load "
@@ -123,12 +125,36 @@ def _ptr(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
+MAX_THREADS = 1024  # ggml sizes its worker pool by the count: -1 or 2^31 ask for 16 EiB (SIGSEGV)
+MAX_CTX = 1 << 24  # positions; llama.cpp takes a uint32, and ctypes would wrap anything past int32 silently
+
+
+def _whole(value, name: str, low: int, high: int) -> int:
+    """`value` when it is an int (not a bool, a float or a string: ctypes would refuse or truncate it) in
+    [low, high]; a named error otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= int(value) <= high:
+        raise EngineError(f"{name} must be a whole number in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def check_threads(threads) -> int:
+    return _whole(threads, "threads (llama.cpp's CPU threads)", 1, MAX_THREADS)
+
+
+def check_context(n_ctx, n_batch) -> tuple[int, int]:
+    return (_whole(n_ctx, "n_ctx (the GGUF target's context positions)", 16, MAX_CTX),
+            _whole(n_batch, "n_batch (tokens per llama_decode)", 1, MAX_CTX))
+
+
 class LlamaEngine:
     """One GGUF model and one llama.cpp context on the CPU: decode batches with positions and sequence ids,
     read logits and captured layer inputs back, edit the memory by sequence."""
 
     def __init__(self, path: str | Path, *, n_ctx: int, n_batch: int, n_seq_max: int, n_outputs_max: int,
                  threads: int, verbose: bool = False):
+        threads = check_threads(threads)
+        n_ctx, n_batch = check_context(n_ctx, n_batch)
+        n_outputs_max = _whole(n_outputs_max, "n_outputs_max", 1, MAX_CTX)
         self.lib = library()
         self.lib.bd_set_quiet(0 if verbose else 1)
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
@@ -137,17 +163,29 @@ class LlamaEngine:
         if not handle:
             raise EngineError(f"llama.cpp could not load {path} or make a context of {n_ctx} positions for it (its "
                               "log above says why): is it a GGUF of a decoder model, and is there memory for it?")
-        self.handle, self.n_batch, self.n_seq_max = handle, n_batch, n_seq_max
+        self._handle, self.n_batch, self.n_seq_max = handle, n_batch, n_seq_max
         self.n_vocab = self.lib.bd_n_vocab(handle)
         self.n_embd = self.lib.bd_n_embd(handle)
         self.n_layer = self.lib.bd_n_layer(handle)
-        self.n_ctx_train = self.lib.bd_n_ctx_train(handle)
+        # llama.cpp keeps the file's context_length as a uint32 but returns it as an int32: 2^32-1 reads as -1
+        self.n_ctx_train = self.lib.bd_n_ctx_train(handle) & 0xFFFFFFFF
         self.n_ctx = self.lib.bd_n_ctx(handle)
 
+    @property
+    def handle(self) -> int:
+        """The open context; a named error once closed (llama.cpp would be handed a NULL pointer: SIGSEGV)."""
+        if not self._handle:
+            raise EngineError("this GGUF target is closed: load it again (every call after close() is refused)")
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return not getattr(self, "_handle", None)
+
     def close(self) -> None:
-        if self.handle:
-            self.lib.bd_close(self.handle)
-            self.handle = None
+        if not self.closed:
+            handle, self._handle = self._handle, None
+            self.lib.bd_close(handle)
 
     def __del__(self):
         try:
@@ -173,7 +211,7 @@ class LlamaEngine:
         self.lib.bd_capture_layer(self.handle, lid, int(on))
 
     def set_threads(self, threads: int) -> None:
-        self.lib.bd_set_threads(self.handle, threads)
+        self.lib.bd_set_threads(self.handle, check_threads(threads))
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, sequences: list[list[int]], want: np.ndarray) -> None:
         """One llama_decode: token i at positions[i] in sequences[i] (its first the one it attends as), logits
