@@ -69,4 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BaseException as err:  # tokenizers' Rust panics are BaseExceptions (pyo3_runtime.PanicException)
+        if type(err).__name__ != "PanicException":
+            raise
+        print(f"blockdraft {args.command}: error: the tokenizer failed inside its Rust library ({err}): a "
+              "model's tokenizer.json with a pre-tokenizer regex that backtracks without end, or a broken "
+              "vocabulary; fix or replace the tokenizer files", file=sys.stderr)
+        return 2
 

@@ -69,3 +69,217 @@ def test_a_converted_hf_target_is_named_by_its_folders_content(tmp_path, monkeyp
     (other / "model.safetensors").write_bytes(b"two")
     assert gguf_files.target_gguf_path(str(other), "f32") != first
     assert gguf_files.target_gguf_path(str(other), "f32").name.startswith("tiny-")
+
+
+# --- numbers llama.cpp asserts on, and metadata bombs: refused by name before llama.cpp or gguf-py read them -----
+def write_meta_gguf(path: Path, **metadata) -> Path:
+    """A GGUF with qwen3 metadata (and no tensors: the checks run before llama.cpp loads anything); keyword
+    arguments replace values (`block_count=0`) or add arrays (`bomb=[...]`)."""
+    import gguf
+
+    values = {"block_count": 2, "context_length": 64, "embedding_length": 8, "attention.head_count": 2,
+              "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e6, **metadata}
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    for key, value in values.items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(f"qwen3.{key}", value)
+        elif key.startswith("tokenizer."):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_uint32(f"qwen3.{key}", value)
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(16)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"block_count": 0}, "block_count is 0"),
+    ({"block_count": 600}, "block_count is 600"),
+    ({"attention.layer_norm_rms_epsilon": float("nan")}, "layer_norm_rms_epsilon is nan"),
+    ({"attention.layer_norm_rms_epsilon": -1e-6}, "must be finite and >= 0"),
+    ({"rope.freq_base": 0.0}, "rope.freq_base is 0.0"),
+    ({"tokenizer.ggml.eos_token_id": 10**6}, "past its vocabulary of 16 tokens"),
+])
+def test_numbers_llama_cpp_aborts_on_are_refused_by_name(tmp_path, change, message):
+    """Before: llama.cpp's GGML_ASSERT aborted the process (SIGABRT) on block_count 0/huge and a NaN or negative
+    epsilon; an EOS id past the vocabulary was an IndexError in the tokenizer."""
+    from blockdraft.engines.llamacpp import EngineError
+    from blockdraft.targets import gguf as gguf_target
+
+    path = write_meta_gguf(tmp_path / "bad.gguf", **change)
+    with pytest.raises(EngineError, match=message):
+        gguf_target.load(path)
+    good = write_meta_gguf(tmp_path / "good.gguf")  # negative control: the same file unchanged passes the checks
+    from blockdraft.engines.gguf_header import check_gguf_numbers
+    assert check_gguf_numbers(good).metadata["qwen3.block_count"] == 2
+
+
+def test_a_metadata_array_bomb_is_refused_fast(tmp_path):
+    """Before: 2,000,000 empty strings in an unused array (16 MB) took 72 s and 3.5 GiB to load (gguf-py builds
+    numpy objects per item); now refused by its count, before a single item is read."""
+    import time
+
+    from blockdraft.engines.gguf_files import gguf_architecture
+    from blockdraft.engines.gguf_header import MAX_ARRAY, read_gguf_header
+    from blockdraft.engines.llamacpp import EngineError
+
+    path = tmp_path / "bomb.gguf"
+    with open(write_meta_gguf(path), "rb") as stream:
+        data = stream.read()
+    # splice a string array of 2,000,000 empty strings in as the file's last metadata entry (by hand: gguf's writer
+    # would take minutes to build it)
+    count_at = 4 + 4 + 8  # magic, version, tensor count -> the metadata count
+    keys = int.from_bytes(data[count_at:count_at + 8], "little")
+    key = b"general.unused"
+
+    def strings(count: int) -> bytes:
+        return (len(key).to_bytes(8, "little") + key + (9).to_bytes(4, "little") + (8).to_bytes(4, "little")
+                + count.to_bytes(8, "little") + bytes(8) * count)
+
+    bomb = strings(2_000_000)
+    header = read_gguf_header(path)
+    assert header.tensor_count == 0
+    end = header.end  # no tensors: the bomb goes where the metadata ends
+    spliced = data[:count_at] + (keys + 1).to_bytes(8, "little") + data[count_at + 8:end] + bomb
+    small = tmp_path / "small.gguf"  # negative control: the same splice with 1,000 strings reads (and counts them)
+    small.write_bytes(data[:count_at] + (keys + 1).to_bytes(8, "little") + data[count_at + 8:end] + strings(1000))
+    assert read_gguf_header(small).arrays["general.unused"] == (8, 1000)
+    path.write_bytes(spliced)
+    started = time.perf_counter()
+    with pytest.raises(EngineError, match="2,000,000 items"):
+        gguf_architecture(path)
+    assert time.perf_counter() - started < 2.0
+    assert MAX_ARRAY < 2_000_000
+
+
+# --- the Python API's numbers, and a target used after close() ----------------------------------------------
+@pytest.mark.parametrize("options", [{"threads": -1}, {"threads": 10**6}, {"threads": 2**31}, {"threads": "2"},
+                                     {"threads": 2.5}, {"threads": True}, {"n_ctx": 2**40}, {"n_ctx": "4096"},
+                                     {"n_ctx": 17.5}, {"n_ctx": 8}])
+def test_threads_and_n_ctx_are_checked_before_llama_cpp(tmp_path, options):
+    """Before: threads -1 or 2^31 asked ggml for 16 EiB (SIGSEGV), 10^6 aborted (bad_alloc), a string or float
+    reached ctypes (ArgumentError), n_ctx 2^40 was truncated to 0 and silently replaced by the file's."""
+    from blockdraft.engines.llamacpp import EngineError
+    from blockdraft.targets.gguf import GGUFTarget
+
+    path = write_meta_gguf(tmp_path / "t.gguf")
+    with pytest.raises(EngineError, match="threads|n_ctx"):
+        GGUFTarget(path, **options)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    from gguf_models import require_llamacpp, write_tiny_gguf
+    from helpers import tiny_target
+
+    require_llamacpp()
+    return write_tiny_gguf(tiny_target("qwen3").model, tmp_path_factory.mktemp("g") / "t.gguf")
+
+
+def test_a_closed_target_is_a_named_error_not_a_segfault(tiny_gguf):
+    """Before: a call after `engine.close()` handed llama.cpp a NULL context (SIGSEGV)."""
+    import torch
+
+    import blockdraft
+    from blockdraft.engines.llamacpp import EngineError
+
+    target = blockdraft.load_target(tiny_gguf, threads=1)
+    cache = target.open_rows()
+    assert cache.forward(torch.tensor([[1, 2, 3]]), 0, logits_to_keep=1).logits.shape[-1] == target.vocab_size
+    target.close()
+    with pytest.raises(EngineError, match="closed"):
+        cache.forward(torch.tensor([[4]]), 3, logits_to_keep=1)
+    with pytest.raises(EngineError, match="closed"):
+        target.engine.set_threads(1)
+    target.close()  # twice is fine
+    cache.close()  # giving sequences back to a closed target is not an error either
+
+
+def test_context_length_reads_unsigned_and_max_positions_is_the_context(tiny_gguf, tmp_path):
+    """Before: a context_length of 2^32-1 read back as -1 (every prompt refused: 'the target supports -1'), and
+    max_positions was the file's context_length, so 4,200 new tokens on a 4,096-cell context failed only after
+    ~4,090 were decoded."""
+    import gguf
+
+    import blockdraft
+    from blockdraft.config import ConfigError
+
+    reader = gguf.GGUFReader(str(tiny_gguf))
+    field = reader.fields["qwen3.context_length"]
+    huge = tmp_path / "ctx.gguf"
+    data = bytearray(tiny_gguf.read_bytes())
+    offset = int(field.parts[-1].ctypes.data - reader.data.ctypes.data)
+    data[offset:offset + 4] = (2**32 - 1).to_bytes(4, "little")
+    huge.write_bytes(bytes(data))
+    target = blockdraft.load_target(huge, threads=1, n_ctx=256)
+    assert target.engine.n_ctx_train == 2**32 - 1
+    assert target.max_positions == 256
+    import torch
+    with pytest.raises(ConfigError, match="needs 303 positions but the target supports 256"):
+        blockdraft.generate(target, None, torch.tensor([[1, 2, 3]]), max_new_tokens=300)
+    target.close()
+
+
+# --- chat templates from model files: bounded, and their refusals named ----------------------------------------
+@pytest.fixture()
+def chat_tokenizer(tmp_path):
+    from chat_fixtures import save_tiny_chat_folder
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(save_tiny_chat_folder(tmp_path / "tok"))
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}", "more than 2,000,000|ran over"),
+    ("{{ 'x' * 10**8 }}", "more than 2,000,000"),
+    ("{{ ''.__class__.__mro__ }}", "refused by jinja2's sandbox"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+    ("{{ raise_exception('template says no') }}", "template says no"),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "ran over"),
+])
+def test_a_hostile_chat_template_is_a_named_error(chat_tokenizer, monkeypatch, template, message):
+    """Before: the loop grew one string until memory ran out (MemoryError / OOM killer), 'x' * 10**9 aborted
+    tokenizers on allocation (SIGABRT), and the sandbox's SecurityError, a RecursionError or the template's
+    own raise_exception were raw tracebacks."""
+    from blockdraft.data import chat
+
+    monkeypatch.setattr(chat, "MAX_SECONDS", 1.0)
+    messages = [{"role": "user", "content": "hi"}]
+    assert "hi" in chat.chat_text(chat_tokenizer, messages)  # negative control: the fixture's own template renders
+    chat_tokenizer.chat_template = template
+    for render in (chat.chat_text, chat.chat_ids):
+        with pytest.raises(chat.TemplateError, match=message):
+            render(chat_tokenizer, messages)
+
+
+def test_a_tokenizer_panic_is_a_named_cli_error(monkeypatch, capsys):
+    """Before: a backtracking pre-tokenizer regex surfaced as a raw pyo3_runtime.PanicException traceback (a
+    BaseException, which no `except Exception` catches)."""
+    from blockdraft import cli
+
+    PanicException = type("PanicException", (BaseException,), {})
+
+    def panics(args):
+        raise PanicException("Onig: Regex search error: retry-limit-in-match over")
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), panics))
+    assert cli.main(["engines", "status", "llama.cpp"]) == 2
+    assert "the tokenizer failed inside its Rust library" in capsys.readouterr().err
+
+
+def _with_func(parser, func):
+    parse = parser.parse_known_args
+
+    def parse_known_args(argv=None):
+        args, extra = parse(argv)
+        args.func = func
+        return args, extra
+
+    parser.parse_known_args = parse_known_args
+    return parser
