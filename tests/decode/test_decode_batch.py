@@ -11,7 +11,7 @@ from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.drafters.lookup import LookupDrafter
 from blockdraft.drafters.small_ar import SmallARDrafter
 from helpers import init_drafter, prompts, targets, tiny_target, trained  # noqa: F401 (fixtures)
-from lossless import TRANSFORMERS_TOL, Coverage, check_greedy
+from lossless import TRANSFORMERS_TOL, Coverage, check_greedy, require_lossless
 from chi_square import (SAMPLING, break_chains, draw_rows, make_target, row_prompts, rows_p, same_as_batch_one,
                         slot_two_rounds, small_ar_drafter)
 
@@ -119,6 +119,7 @@ def test_rows_joining_mid_run_equal_plain_greedy(targets, trained, arch):
             results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=stops,
                                                 max_batch=max_batch)
             assert [r.tokens for r in results] == plain, (name, max_batch)
+            require_lossless(target, batch, results, plain, min_rejected=0 if drafter is None else 1)
             assert joined_mid_run(results) >= 2, (name, max_batch)
             per_round = Counter(r.batch_round for result in results for r in result.rounds)
             assert max(per_round.values()) == max_batch, (name, max_batch)
@@ -245,6 +246,7 @@ def test_batched_trees_equal_plain_greedy(targets, trained, arch):
     for name, drafter in drafters.items():
         results = blockdraft.generate_batch(target, drafter, batch, max_new_tokens=40, stop_token_ids=())
         assert [r.tokens for r in results] == plain, name
+        require_lossless(target, batch, results, plain)
         rounds = [r for result in results for r in result.rounds]
         assert any(r.draft_parents is not None for r in rounds), name
         accepted += sum(r.accepted for r in rounds)
@@ -257,6 +259,7 @@ def test_batched_trees_equal_plain_greedy(targets, trained, arch):
     pooled = blockdraft.generate_batch(target, drafters["ddtree"], batch, max_new_tokens=40, stop_token_ids=(),
                                        max_batch=2)
     assert [r.tokens for r in pooled] == plain
+    require_lossless(target, batch, pooled, plain)
 
 
 def test_one_row_is_the_batch_1_path(targets):
