@@ -292,6 +292,10 @@ def init_drafter(target: Target, *, seed: int = 0, draft_vocab: torch.Tensor | N
 
     `draft_vocab` (sorted target ids) restricts the drafter to a reduced vocabulary.
     """
+    if from_target_layers and not isinstance(target, Target):
+        raise ConfigError(f"from_target_layers copies a transformers target's decoder layers, and {target.name} is a "
+                          f"{type(target).__name__} (its layers live in llama.cpp): initialise the drafter "
+                          "randomly, or from the model's Hugging Face folder")
     torch.manual_seed(seed)
     if draft_vocab is not None:
         kwargs["draft_vocab_size"] = int(draft_vocab.numel())

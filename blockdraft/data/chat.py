@@ -51,7 +51,8 @@ def _bounded_join(blocks: Iterator[str]) -> str:
 def _bound_compiled(tokenizer) -> None:
     """Make the compiled template transformers renders stream through `_bounded_join` (it is compiled once
     per template text and cached, so the bound is set once)."""
-    try:  # deferred: transformers' template compiler, only where a template is rendered
+    try:
+        # deferred: transformers' template compiler is a heavy dependency, loaded only where a template renders
         from transformers.utils.chat_template_utils import _compile_jinja_template
         compiled = _compile_jinja_template(tokenizer.get_chat_template())
     except Exception:  # noqa: BLE001 -- no template, or another transformers: apply_chat_template names it

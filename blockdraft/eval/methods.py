@@ -46,6 +46,7 @@ from ..config import ConfigError, SamplingConfig
 from ..drafter_spec import (DEFAULT_DRAFT, DEFAULT_LOOKUP_TOKENS, DRAFTERS, BuildContext, build_drafter,
                              drafters_help, parse_spec, split_kind)
 from ..decode.target import TargetModel
+from ..targets.transformers import Target
 from ..timing import elapsed, synchronize, timed
 from .llamacpp_runner import build_llamacpp_runner, parse_llamacpp
 from .measurement import Measurement
@@ -275,6 +276,11 @@ def build_runners(methods: tuple[str, ...], block_sizes: tuple[int, ...] | None,
     per block size, and a block size larger than a DFlash drafter's own (B - 1 > its max proposals) is
     refused.
     """
+    transformers_only = [text for text in methods if parse_method(text).kind in ("hf-assisted", "hf-prompt-lookup")]
+    if transformers_only and not isinstance(target, Target):  # refused before any drafter loads or prompt runs
+        raise ConfigError(f"{', '.join(transformers_only)} run transformers' own generate(), which needs a Hugging "
+                          f"Face target (a model folder), and {target.name} is a {type(target).__name__}: measure "
+                          "it with the loop's methods (ar, lookup, small-ar, dflash:...) or llamacpp")
     models: dict[str, TargetModel] = {}  # a draft model loaded once, shared by small-ar, hybrids and hf-assisted
     runners, info = [], {}
     for text in methods:

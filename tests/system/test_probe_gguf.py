@@ -283,3 +283,42 @@ def _with_func(parser, func):
 
     parser.parse_known_args = parse_known_args
     return parser
+
+
+# --- transformers-only options on a GGUF target: refused up front by name ---------------------------------------
+def test_transformers_only_methods_and_options_refuse_a_gguf_target(tiny_gguf):
+    """Before: `hf-assisted` / `hf-prompt-lookup` in bench and `init_drafter(from_target_layers=True)` on a GGUF
+    target were AttributeError 'GGUFTarget' object has no attribute 'model' (bench: after results.json)."""
+    import blockdraft
+    from blockdraft.checkpoints.dflash import init_drafter
+    from blockdraft.config import ConfigError, SamplingConfig
+    from blockdraft.eval.methods import build_runners
+
+    target = blockdraft.load_target(tiny_gguf, threads=1)
+    for method in ("hf-prompt-lookup", "hf-assisted:somewhere"):
+        with pytest.raises(ConfigError, match="needs a Hugging Face target"):
+            build_runners(["ar", method], None, target, SamplingConfig())
+    runners, _ = build_runners(["ar"], None, target, SamplingConfig())  # negative control: our loop's methods run
+    assert len(runners) == 1
+    with pytest.raises(ConfigError, match="from_target_layers copies a transformers target"):
+        init_drafter(target, from_target_layers=True, target_layer_ids=[0])
+    assert init_drafter(target, target_layer_ids=[0]) is not None
+    target.close()
+
+
+def test_a_file_whose_vocabulary_transformers_cannot_build_is_named(tiny_gguf, monkeypatch):
+    """Before: tokenizers' bare Exception ('Error while initializing BPE: Token `Ġ` out of vocabulary') escaped
+    GGUFTarget.tokenizer as a traceback."""
+    import blockdraft
+    from blockdraft.config import ConfigError
+    from blockdraft.targets import gguf as gguf_target
+
+    target = blockdraft.load_target(tiny_gguf, threads=1)
+
+    def broken(*args, **kwargs):
+        raise Exception("Error while initializing BPE: Token `Ġ` out of vocabulary")  # noqa: TRY002 -- as tokenizers
+
+    monkeypatch.setattr(gguf_target.AutoTokenizer, "from_pretrained", broken)
+    with pytest.raises(ConfigError, match="cannot build a tokenizer from this file's vocabulary"):
+        target.tokenizer
+    target.close()
