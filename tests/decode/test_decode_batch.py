@@ -53,15 +53,19 @@ def test_rows_stop_on_their_own_and_leave(targets, trained):
     stop = plain[1][9]  # row 1 stops at its 10th token (or earlier); the others maybe never
     expected = [single(target, None, p, 48, stop_token_ids=(stop,)) for p in batch]
     assert len({len(tokens) for tokens in expected}) > 1, "the rows should finish at different lengths"
+    coverage = Coverage()
     for candidate in (None, drafter, SmallARDrafter(target, target, num_proposals=8)):
         results = blockdraft.generate_batch(target, candidate, batch, max_new_tokens=48, stop_token_ids=(stop,))
         assert [r.tokens for r in results] == expected
+        for prompt, result, reference in zip(batch, results, expected):
+            coverage += check_greedy(target, prompt, result, tol=TRANSFORMERS_TOL, plain=reference)
         for result in results:
             assert result.stop_reason == ("stop_token" if result.tokens[-1] == stop else "length")
             assert sum(r.emitted for r in result.rounds) == len(result.tokens) - 1
         # a row that finished early stops counting rounds (it left the batch) and has a shorter latency
         short, long = min(results, key=lambda r: len(r.tokens)), max(results, key=lambda r: len(r.tokens))
         assert len(short.rounds) < len(long.rounds) and short.decode_s <= long.decode_s
+    coverage.require(min_rejected=1)  # the fitted drafter's rejections (the self-draft accepts everything)
 
 
 def test_one_row_is_batch_one(targets, trained):
