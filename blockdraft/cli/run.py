@@ -80,7 +80,7 @@ def drafter_spec(args: argparse.Namespace):
 def _load_pair(args: argparse.Namespace, device: torch.device):
     """Target, the drafter `drafter_spec` names (None for plain decoding) and the proposals per round."""
     spec = drafter_spec(args)
-    target = load_target(args.target, dtype=args.dtype, device=device)
+    target = load_target(args.target, dtype=args.dtype, device=device, n_ctx=args.n_ctx)
     if spec is None:
         return target, None, None
     flag = "--num-proposals " if args.num_proposals is not None else "proposals="
@@ -232,6 +232,9 @@ def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text, speculatively when a drafter is given")
     _add_model_flags(p)
     p.add_argument("--prompt", default=None, help="the text to continue")
+    p.add_argument("--n-ctx", type=int, default=None, metavar="N",
+                   help="a GGUF target's context positions, shared by every row (llama.cpp's cells; default 4096, "
+                        "at most the file's context_length); a transformers target takes none")
     p.add_argument("--batch-file", default=None, metavar="PROMPTS.jsonl",
                    help="decode several prompts together, one {\"prompt\": TEXT} per line (plain, --draft-model or "
                         "--drafter; one target pass verifies every row)")

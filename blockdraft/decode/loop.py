@@ -79,8 +79,9 @@ def _check_request(target: TargetModel, prompt_ids: torch.Tensor, max_new_tokens
     if needed > target.max_positions:
         raise ConfigError(
             f"prompt ({prompt_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + lookahead ({lookahead}) "
-            f"needs {needed} positions but the target supports {target.max_positions}; shorten the prompt or "
-            "lower max_new_tokens")
+            f"needs {needed} positions but the target supports {target.max_positions}; shorten the prompt, "
+            "lower max_new_tokens, or give a GGUF target a larger context (`generate --n-ctx N`, "
+            "load_target(..., n_ctx=N))")
     if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= target.vocab_size:
         raise ConfigError(f"prompt token ids must lie in [0, {target.vocab_size})")
 

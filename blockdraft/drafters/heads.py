@@ -53,7 +53,7 @@ class HeadContext:
                    hidden_size=config.hidden_size, block_size=config.block_size,
                    max_proposals=backbone.max_proposals, layout=config.layout,
                    embed_tokens=backbone.target.embed_tokens, d2t=None if vocab_map is None else vocab_map.d2t,
-                   tokenizer=getattr(backbone.target, "tokenizer", None),
+                   tokenizer=backbone.target.tokenizer,
                    heads=MappingProxyType({head.name: head for head in heads}))
 
 

@@ -293,7 +293,7 @@ class GGUFCache:
         self.seq_of: dict[int, int] = {}  # row -> its sequence id
         self._low: list[int] = []  # the sequences of the low-level passes (`forward`, `chains`)
         self._tree: dict[int, list[int]] = {}  # row -> the node sequences of its last verify pass
-        self._finalizer = weakref.finalize(self, _release, target, self.seq_of, self._low)
+        self._finalizer = weakref.finalize(self, _release, target, self.seq_of, self._low, self._tree)
 
     def close(self) -> None:
         """Give this cache's sequences (and their cells) back now rather than when it is collected."""
@@ -383,7 +383,17 @@ class GGUFCache:
 
     def verify(self, anchors: list[torch.Tensor], starts: list[int], proposals: list[Proposal]) -> TargetOutput:
         """One pass over every row's [anchor, proposal]: logits (R, n, V), features (R, n, F) (rows shorter than
-        the longest are zero past their end: never read)."""
+        the longest are zero past their end: never read). A pass refused or failed midway (too few sequence ids,
+        a full memory) gives back every tree node's sequence it took before the error is raised."""
+        try:
+            return self._verify(anchors, starts, proposals)
+        except BaseException:
+            nodes = [seq for row_nodes in self._tree.values() for seq in row_nodes]
+            self._tree.clear()
+            self.target.give_sequences(nodes)
+            raise
+
+    def _verify(self, anchors: list[torch.Tensor], starts: list[int], proposals: list[Proposal]) -> TargetOutput:
         rows = []
         for row, anchor, start, proposal in zip(self.rows, anchors, starts, proposals):
             seq = self.seq_of[row]
@@ -445,11 +455,16 @@ class GGUFCache:
             self.target.engine.seq_rm(seq, length, -1)
 
 
-def _release(target: GGUFTarget, seq_of: dict, low: list) -> None:
-    """A cache that is gone gives its sequences back (and their cells)."""
+def _release(target: GGUFTarget, seq_of: dict, low: list, tree: dict) -> None:
+    """A cache that is gone gives its sequences back (and their cells): rows', low-level passes' and the tree
+    nodes' of a round that never reached `keep` (one refused or failed midway)."""
+    seqs = list(seq_of.values()) + list(low) + [seq for nodes in tree.values() for seq in nodes]
+    seq_of.clear(), low.clear(), tree.clear()
+    target._free.update(seqs)  # ours again even when the engine is closed or gone
     try:
-        target.give_sequences(list(seq_of.values()) + list(low))
-    except Exception:  # noqa: BLE001 -- interpreter shutdown: the engine may be gone already
+        for seq in seqs:
+            target.engine.seq_rm(seq)
+    except Exception:  # noqa: BLE001 -- a closed target, or interpreter shutdown: no cells left to free
         pass
 
 

@@ -228,7 +228,7 @@ class LlamaEngine:
                                   _ptr(want))
         if code == 1:
             raise EngineError(f"llama.cpp's memory is full ({self.n_ctx} cells): give the GGUF target a larger "
-                              "context (n_ctx=...) or decode fewer rows at once")
+                              "context (`generate --n-ctx N`, load_target(..., n_ctx=N)) or decode fewer rows at once")
         if code != 0:
             raise EngineError(f"llama_decode failed (code {code}) on a batch of {n} tokens")
 

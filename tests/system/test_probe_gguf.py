@@ -322,3 +322,44 @@ def test_a_file_whose_vocabulary_transformers_cannot_build_is_named(tiny_gguf, m
     with pytest.raises(ConfigError, match="cannot build a tokenizer from this file's vocabulary"):
         target.tokenizer
     target.close()
+
+
+def test_a_round_refused_for_sequence_ids_gives_them_back(tiny_gguf):
+    """Before: the tree nodes' sequence ids taken for earlier rows of a refused round stayed taken (~200 of 256),
+    so the next batch in the same process failed."""
+    import torch
+
+    import blockdraft
+    from blockdraft.decode.proposal import Proposal
+    from blockdraft.engines.llamacpp import EngineError
+    from blockdraft.targets.llama_lib import MAX_SEQUENCES
+
+    target = blockdraft.load_target(tiny_gguf, threads=1, n_ctx=1024)
+    cache = target.open_rows()
+    cache.prefill([0, 1], [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])])
+    cache.drop([0, 1], [2, 1])  # as the loop does: the last prompt token comes back as the round's anchor
+    assert len(target._free) == MAX_SEQUENCES - 2
+
+    def star(nodes: int) -> Proposal:  # a tree of `nodes` siblings under the anchor
+        return Proposal(tokens=torch.arange(nodes) % 7, parents=torch.full((nodes,), -1))
+
+    with pytest.raises(EngineError, match="sequence ids"):
+        cache.verify([torch.tensor([[3]]), torch.tensor([[5]])], [2, 1], [star(200), star(100)])
+    assert len(target._free) == MAX_SEQUENCES - 2  # every node's id is back; the rows keep theirs
+    out = cache.verify([torch.tensor([[3]]), torch.tensor([[5]])], [2, 1], [star(100), star(100)])  # fits now
+    assert out.logits.shape[:2] == (2, 101)
+    cache.keep([], [2, 1], [1, 1], [[], []], 101)
+    cache.close()
+    assert len(target._free) == MAX_SEQUENCES
+    target.close()
+
+
+def test_generate_takes_n_ctx_and_the_advice_names_it(tiny_gguf, capsys):
+    """Before: the advice on a context too small named `n_ctx=...`, which `generate` did not take."""
+    from blockdraft.cli import main
+
+    assert main(["generate", "--target", str(tiny_gguf), "--prompt", "w1", "--n-ctx", "8", "--threads", "1"]) == 2
+    assert "n_ctx (the GGUF target's context positions) must be a whole number in [16" in capsys.readouterr().err
+    import blockdraft.decode.loop as loop
+    import inspect
+    assert "--n-ctx" in inspect.getsource(loop._check_request)
