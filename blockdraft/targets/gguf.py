@@ -3,8 +3,8 @@
 `GGUFTarget` answers what `decode/target.py` declares (`TargetModel`: the layer features a DFlash drafter
 reads, the frozen token embedding and LM head it borrows, `eos_token_ids`, `features`), and `GGUFCache`
 (`RowsCache`: `prefill`, `verify`, `keep`, `drop`, `forward`, `crop`, `close`) is its rows cache, opened by
-`open_rows`. The loop never asks which target it has. Neither the `gguf` package nor the export stack is
-imported here: `load` reaches them only when a GGUF file is given.
+`open_rows`. The loop never asks which target it has. The `gguf` package is read only when a GGUF file is
+(`engines/gguf_arch.py` defers it), so `import blockdraft` loads neither it nor llama.cpp's library.
 
 How rows and trees map onto llama.cpp's memory (one context, `kv_unified`, cells tagged by sequence ids):
 - each row is one sequence, its tokens at their own positions; rows never see each other's cells;
@@ -41,6 +41,7 @@ from ..devices import parse_dtype
 from ..engines.gguf_arch import open_gguf
 from ..engines.llamacpp import LLAMACPP, EngineError, gguf_engine
 from ..engines.gguf_header import check_gguf_numbers
+from ..engines.llamacpp_cache import runnable_target_gguf
 from .llama_lib import MAX_SEQUENCES, LlamaEngine, check_context, check_threads
 
 if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
@@ -91,10 +92,6 @@ def load(source: str | Path, *, dtype: str | torch.dtype | None = None, device: 
     on the CPU. A Qwen2 file runs as its llama-architecture copy (the same weights, made once under
     $BLOCKDRAFT_HOME), whose llama.cpp graph exposes the layer features a DFlash drafter reads
     (`engines/gguf_arch.py`)."""
-    # deferred: the copy's logic reads GGUF files with the export stack, which `import blockdraft` must not
-    # load (`tests/targets/test_protocol.py`)
-    from ..engines.llamacpp_cache import runnable_target_gguf
-
     if device is not None and torch.device(device).type != "cpu":
         raise ConfigError(f"a GGUF target runs on llama.cpp's CPU build; --device {device} is not available "
                           "for it (use the model's Hugging Face folder for a GPU)")

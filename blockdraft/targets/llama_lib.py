@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from ..engines.llamacpp import EngineError, LlamaCppBuild, find_llamacpp, gguf_engine
+from ..files import write_json_atomic
 
 SHIM_SOURCE = Path(__file__).with_name("llama_shim.cpp")  # llama.cpp's; each engine names its own (`EngineSource.shim`)
 #: llama.cpp keeps at most this many sequence ids (LLAMA_MAX_SEQ in its llama-cparams.h)
@@ -93,6 +97,33 @@ def compile_shim(build: LlamaCppBuild) -> Path:
 
 
 _LIB: tuple[str, ctypes.CDLL] | None = None  # (engine name, its bound shim)
+PROOF_SUFFIX = ".loaded.json"
+
+
+def prove_loadable(shim: Path, libraries: list[Path]) -> None:
+    """Load `shim` once in a child process before this one maps it: a library cut short after the build (a
+    full disk, an interrupted copy) is a SIGBUS inside the dynamic loader, which no Python code can catch, so
+    it kills the child, not us. The proof is kept beside the shim with the (name, size, mtime_ns, inode) of
+    every library it loaded, and redone whenever one of them changes."""
+    stamp = [[path.name, *(lambda st: (st.st_size, st.st_mtime_ns, st.st_ino))(path.stat())] for path in libraries]
+    proof = shim.with_name(shim.name + PROOF_SUFFIX)
+    try:
+        if json.loads(proof.read_text()) == stamp:
+            return
+    except (OSError, ValueError):
+        pass
+    done = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(shim)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    if done.returncode != 0:
+        how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit {done.returncode}: {done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ''}")
+        raise EngineError(f"the llama.cpp libraries of {shim.parent} do not load ({how}): one is cut short or "
+                          "damaged (a full disk, an interrupted copy); run `blockdraft engines build llama.cpp "
+                          "--force` (nothing was loaded into this process)")
+    try:
+        write_json_atomic(proof, stamp)
+    except Exception:  # noqa: BLE001 -- a read-only build folder: proved for this process, proved again next time
+        pass
 
 
 def library(build: LlamaCppBuild | None = None) -> ctypes.CDLL:
@@ -108,7 +139,15 @@ def library(build: LlamaCppBuild | None = None) -> ctypes.CDLL:
                           "beside it (both libraries are libllama): run it in another process "
                           "(BLOCKDRAFT_GGUF_ENGINE=... picks the engine)")
     if _LIB is None:
-        lib = ctypes.CDLL(str(compile_shim(build)))
+        shim = compile_shim(build)
+        libraries = {shim, *(path for folder in {_libllama(build).parent, build.bin_dir}
+                             for path in folder.glob("lib*.so*") if path.is_file() and not path.is_symlink())}
+        prove_loadable(shim, sorted(libraries))
+        try:
+            lib = ctypes.CDLL(str(shim))
+        except OSError as err:  # not a library this machine loads (another ELF class, a cut file)
+            raise EngineError(f"blockdraft's llama.cpp shim {shim} does not load ({err}): delete it and run "
+                              f"`blockdraft engines build {build.source.name} --force`") from None
         for name, (args, result) in _SIGNATURES.items():
             function = getattr(lib, name)
             function.argtypes, function.restype = args, result

@@ -363,3 +363,25 @@ def test_generate_takes_n_ctx_and_the_advice_names_it(tiny_gguf, capsys):
     import blockdraft.decode.loop as loop
     import inspect
     assert "--n-ctx" in inspect.getsource(loop._check_request)
+
+
+def test_a_truncated_library_is_named_not_a_sigbus(tmp_path):
+    """Before: a libllama.so cut short after the shim was compiled killed the process with SIGBUS as the loader
+    mapped it; now it is loaded once in a child process first (`prove_loadable`)."""
+    from gguf_models import require_llamacpp
+
+    from blockdraft.engines.llamacpp import EngineError
+    from blockdraft.targets.llama_lib import PROOF_SUFFIX, _libllama, prove_loadable
+
+    libllama = _libllama(require_llamacpp()).resolve()
+    whole = tmp_path / "libwhole.so"
+    shutil.copy(libllama, whole)
+    prove_loadable(whole, [whole])  # negative control: the intact copy loads, and the proof is kept
+    assert (tmp_path / ("libwhole.so" + PROOF_SUFFIX)).is_file()
+    cut = tmp_path / "libcut.so"
+    cut.write_bytes(libllama.read_bytes()[: libllama.stat().st_size // 2])
+    with pytest.raises(EngineError, match="do not load"):
+        prove_loadable(cut, [cut])
+    whole.write_bytes(cut.read_bytes())  # the proven library cut afterwards: its stamp changed, proved again
+    with pytest.raises(EngineError, match="do not load"):
+        prove_loadable(whole, [whole])
