@@ -3,8 +3,9 @@
 `load_target` is the one loader: the first engine of `ENGINES` that accepts the source loads it, so
 `--target model.gguf` works wherever a target is taken. Adding an engine is one module here (with
 `accepts(source)` and `load(source, *, dtype, device, threads, n_ctx)`) and one line in `ENGINES`
-(docs/design.md, "Adding things"). An engine module imports its heavy dependencies (the `gguf` package,
-the export stack) only inside `load`, so `import blockdraft` loads none of them.
+(docs/design.md, "Adding things"). Every engine module is imported with the package, so what only its
+targets need (the `gguf` package, llama.cpp's library) loads when one is loaded: `import blockdraft` loads
+neither (`tests/targets/test_protocol.py`).
 """
 
 from __future__ import annotations
