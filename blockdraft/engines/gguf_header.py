@@ -23,7 +23,8 @@ from .llamacpp import EngineError
 
 MAX_KEYS = 1 << 16  # metadata entries
 MAX_STRING = 16 << 20  # bytes in one string (a chat template is tens of kB)
-MAX_ARRAY = 1 << 20  # items in one array: a vocabulary of 256k tokens and its merges fit four times over
+MAX_ARRAY = 1 << 20  # items in a tokenizer array: a vocabulary of 256k tokens and its merges fit four times over
+MAX_OTHER_ARRAY = 1 << 16  # items in any other array (per-layer values: at most LLAMA_MAX_LAYERS)
 LLAMA_MAX_LAYERS = 512  # llama.cpp's src/llama-hparams.h
 SPECIAL_TOKENS = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", "mask")
 
@@ -66,8 +67,9 @@ class _Cursor:
 
     def skip_array(self, key: str) -> tuple[int, int]:
         item, count = self.take("<I"), self.take("<Q")
-        if count > MAX_ARRAY:
-            raise EngineError(f"{self.path}: the metadata array {key!r} has {count:,} items (more than {MAX_ARRAY:,}): "
+        limit = MAX_ARRAY if key.startswith("tokenizer.") else MAX_OTHER_ARRAY
+        if count > limit:
+            raise EngineError(f"{self.path}: the metadata array {key!r} has {count:,} items (more than {limit:,}): "
                               "the file is corrupt or built to exhaust memory and time; it is not loaded")
         if item == _STRING:
             for _ in range(count):

@@ -155,6 +155,9 @@ def test_a_metadata_array_bomb_is_refused_fast(tmp_path):
         gguf_architecture(path)
     assert time.perf_counter() - started < 2.0
     assert MAX_ARRAY < 2_000_000
+    path.write_bytes(data[:count_at] + (keys + 1).to_bytes(8, "little") + data[count_at + 8:end] + strings(100_000))
+    with pytest.raises(EngineError, match="100,000 items"):  # an unused key is held to per-layer sizes
+        read_gguf_header(path)
 
 
 # --- the Python API's numbers, and a target used after close() ----------------------------------------------
