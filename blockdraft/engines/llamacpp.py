@@ -64,6 +64,7 @@ class EngineSource:
     shim: str          # the shim source under blockdraft/targets/
     build_info: bool = False  # the sdist lacks common/build-info.cpp and the script that writes it: write it
     about: str = ""
+    versioned: tuple[str, ...] = BINARIES  # binaries that answer `--version` (the decode check runs llama-bench)
 
     @property
     def sdist_name(self) -> str:
@@ -96,7 +97,8 @@ IK_LLAMACPP = EngineSource(
     # every KV-cache quantisation pair are not needed and double the compile time
     cmake_flags=("-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
                  "-DGGML_IQK_FA_ALL_QUANTS=OFF", "-DBUILD_SHARED_LIBS=ON"),
-    build_info=True, about="ik_llama.cpp, llama.cpp's fork with faster CPU kernels for short passes")
+    build_info=True, about="ik_llama.cpp, llama.cpp's fork with faster CPU kernels for short passes",
+    versioned=("llama-server",))  # its llama-bench has no --version (it prints its usage and exits 1)
 SOURCES = {source.name: source for source in (LLAMACPP, IK_LLAMACPP)}
 # the reference engine's pins, as the rest of the package names them
 VERSION, PACKAGE = LLAMACPP.version, LLAMACPP.package
@@ -430,7 +432,7 @@ def binary_versions(release: Path, source: EngineSource = LLAMACPP) -> dict[str,
     """Run every binary once (`--version`): name -> its version line."""
     build = LlamaCppBuild(release, source)
     versions = {}
-    for name in BINARIES:
+    for name in source.versioned:
         path = build.binary(name)
         if not path.is_file():
             raise EngineError(f"{path} was not built; run `blockdraft engines build {source.name}` again")

