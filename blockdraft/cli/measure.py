@@ -34,7 +34,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          top_k=args.top_k, block_sizes=tuple(args.block_size) if args.block_size else None,
                          dtype=args.dtype, threads=args.threads, device=args.device, seed=args.seed,
                          record_q=not args.no_record_q,
-                         batch_sizes=tuple(args.batch_size) if args.batch_size else None)
+                         batch_sizes=tuple(args.batch_size) if args.batch_size else None, n_ctx=args.n_ctx)
     run_bench(config, args.out, overwrite=args.overwrite, deadline=stop_at)
     print(f"results: {Path(args.out) / RESULTS}\nreport:  {Path(args.out) / 'report.md'}")
     return 0
@@ -146,6 +146,8 @@ def add_bench(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="auto (default): bf16 where the hardware computes it natively, else fp32 (recorded)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--n-ctx", type=int, default=None, metavar="N",
+                   help="a GGUF target's context positions (llama.cpp's cells; default 4096); recorded when given")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--no-record-q", action="store_true", help="skip the drafter q per proposal (no surrogate check)")

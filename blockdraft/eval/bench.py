@@ -111,6 +111,7 @@ class BenchConfig:
     seed: int = 0
     record_q: bool = True  # store the drafter's q of each proposal (surrogate check; one softmax per round)
     batch_sizes: tuple[int, ...] | None = None  # requests decoded together (eval/batch_bench.py); None: one at a time
+    n_ctx: int | None = None  # a GGUF target's context positions (None: its default, 4096)
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -164,8 +165,9 @@ class BenchConfig:
         return json.loads(json.dumps(out))  # tuples -> lists, as read back from results.json
 
     def identity(self) -> dict[str, Any]:
-        """The fields two runs must share to live in one results.json (all but n; batch_sizes when set)."""
-        return {k: v for k, v in self.to_dict().items() if k != "n" and not (k == "batch_sizes" and v is None)}
+        """The fields two runs must share to live in one results.json (all but n; batch_sizes, n_ctx when set)."""
+        return {k: v for k, v in self.to_dict().items()
+                if k != "n" and not (k in ("batch_sizes", "n_ctx") and v is None)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,7 +362,7 @@ def _open_session(config: BenchConfig, existing: dict | None, records: list[dict
     if config.threads:
         torch.set_num_threads(config.threads)
     device = config.device or default_device()
-    target = load_target(config.target, dtype=config.dtype, device=device)
+    target = load_target(config.target, dtype=config.dtype, device=device, n_ctx=config.n_ctx)
     if target.tokenizer is None:
         raise ConfigError(f"target {config.target} has no tokenizer; bench renders text prompts and needs one")
     runners, methods_info = build_runners(config.methods, config.block_sizes, target, config.sampling,

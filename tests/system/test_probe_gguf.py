@@ -388,3 +388,16 @@ def test_a_truncated_library_is_named_not_a_sigbus(tmp_path):
     whole.write_bytes(cut.read_bytes())  # the proven library cut afterwards: its stamp changed, proved again
     with pytest.raises(EngineError, match="do not load"):
         prove_loadable(whole, [whole])
+
+
+def test_bench_takes_n_ctx_and_keeps_older_results_compatible():
+    """bench had no way to give a GGUF target more context; a run without --n-ctx keeps the identity it had."""
+    from blockdraft.cli import build_parser
+    from blockdraft.eval.bench import BenchConfig
+
+    args = build_parser().parse_args(["bench", "--target", "t.gguf", "--method", "ar", "--dataset", "humaneval",
+                                      "--out", "o", "--n-ctx", "8192"])
+    assert args.n_ctx == 8192
+    plain = BenchConfig(target="t", methods=("ar",), datasets=("humaneval",))
+    assert "n_ctx" not in plain.identity()
+    assert BenchConfig(target="t", methods=("ar",), datasets=("humaneval",), n_ctx=8192).identity()["n_ctx"] == 8192
