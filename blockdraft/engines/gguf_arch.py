@@ -23,6 +23,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..files import check_input, write_atomic
+from .gguf_header import read_gguf_header
 from .llamacpp import EngineError
 
 SOURCE_ARCH, TARGET_ARCH = "qwen2", "llama"
@@ -34,6 +35,7 @@ def open_gguf(path: str | Path):
     import gguf  # deferred: gguf takes ~0.4 s to import, which the CLI and `blockdraft.engines` do not pay
 
     check_input(path, what="GGUF file")
+    read_gguf_header(path)  # bounds first: gguf's reader builds objects for every metadata item (`gguf_header.py`)
     try:
         return gguf.GGUFReader(str(path))
     except (ValueError, IndexError, KeyError, OSError) as err:  # bad magic or version, a cut header or tensor data

@@ -97,12 +97,13 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
         with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
             cursor = _Cursor(data, path)
             if bytes(data[:4]) != b"GGUF":
-                raise EngineError(f"{path} is not a GGUF file (no GGUF magic)")
+                raise EngineError(f"{path} is not a readable GGUF file (no GGUF magic): another kind of file; give a "
+                                  "GGUF model file")
             cursor.at = 4
             version = cursor.take("<I")
             if version not in (2, 3):
-                raise EngineError(f"{path}: GGUF version {version} (big-endian or unknown) is not read here; "
-                                  "re-convert it with llama.cpp's converter")
+                raise EngineError(f"{path} is not a readable GGUF file: version {version} (big-endian or unknown) "
+                                  "is not read here; re-convert it with llama.cpp's converter")
             header = GGUFHeader(version=version, tensor_count=cursor.take("<Q"))
             keys = cursor.take("<Q")
             if keys > MAX_KEYS:
