@@ -41,6 +41,7 @@ from ..checkpoints.dflash import CONFIG_NAME, WEIGHTS_NAME
 from ..config import ConfigError
 from ..engines.gguf_files import (dflash_target_archs, find_converter, read_gguf_summary, resolve_target_dir,
                                   run_converter)
+from ..engines.derived import folder_sha256
 from ..engines.llamacpp import EngineError, engine_root
 from ..files import check_out_file, file_sha256, read_json
 from ..shipped import resolve_drafter
@@ -246,7 +247,11 @@ def draft_gguf(drafter: str, target_name: str, drop_bias: bool) -> tuple[Path, d
             raise EngineError(f"{path} (and its .gguf.json from `blockdraft export --for llama.cpp`) must exist")
         return path, read_json(sidecar, what="draft GGUF facts")
     folder = Path(resolve_drafter(drafter))
-    key = "|".join([*(file_sha256(folder / name) for name in ("config.json", "model.safetensors")), target_name,
+    # the target by content too (the draft carries the target's LM-head rows): another model under the same
+    # name gets its own export, never one holding the old model's rows (`engines/derived.py`)
+    target_dir = resolve_target_dir(target_name)
+    target_key = folder_sha256([p for p in target_dir.iterdir() if p.is_file()], engine_root() / "gguf")
+    key = "|".join([*(file_sha256(folder / name) for name in ("config.json", "model.safetensors")), target_key,
                     str(drop_bias)])
     path = engine_root() / "drafts" / f"{folder.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.gguf"
     sidecar = path.with_name(path.name + ".json")

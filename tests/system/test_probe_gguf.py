@@ -401,3 +401,33 @@ def test_bench_takes_n_ctx_and_keeps_older_results_compatible():
     plain = BenchConfig(target="t", methods=("ar",), datasets=("humaneval",))
     assert "n_ctx" not in plain.identity()
     assert BenchConfig(target="t", methods=("ar",), datasets=("humaneval",), n_ctx=8192).identity()["n_ctx"] == 8192
+
+
+def test_an_exported_draft_gguf_is_keyed_by_the_targets_content(tmp_path, monkeypatch):
+    """Before: the bench's cached draft GGUF (which carries the target's LM-head rows) was keyed by the target's
+    name, so another model under the same name reused the old rows."""
+    from blockdraft.export import gguf as export_gguf
+
+    monkeypatch.setattr(export_gguf, "engine_root", lambda: tmp_path / "engine")
+    made = []
+
+    def export(folder, target_name, path, **options):
+        made.append(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"GGUF")
+        path.with_name(path.name + ".json").write_text("{}")  # the facts sidecar the real export writes
+        return path, {"target": target_name}
+
+    monkeypatch.setattr(export_gguf, "export_drafter_gguf", export)
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    (drafter / "model.safetensors").write_bytes(b"d")
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"one")
+    first = export_gguf.draft_gguf(str(drafter), str(target), False)[0]
+    assert export_gguf.draft_gguf(str(drafter), str(target), False)[0] == first and len(made) == 1
+    (target / "model.safetensors").write_bytes(b"two!")  # another model under the same name
+    assert export_gguf.draft_gguf(str(drafter), str(target), False)[0] != first and len(made) == 2
