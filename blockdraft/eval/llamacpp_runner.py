@@ -7,8 +7,6 @@ an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached 
 
 - `llamacpp[,gguf=...]`: plain decoding;
 - `llamacpp:ngram-mod[,n_match=N,n_min=N,n_max=N]`: llama.cpp's training-free n-gram drafting;
-- `engine=ik_llama.cpp` (plain and ngram-mod): the same on ik_llama.cpp's server (`blockdraft engines build
-  ik_llama.cpp`), its faster CPU kernels; `autotune=on` adds its ε-greedy tuner of the draft lengths;
 - `llamacpp:dflash=DRAFTER[,n_max=N,drop_bias=on]`: our drafter exported with `export --for llama.cpp`
   (cached by the drafter's content) and run as `--spec-type draft-dflash` (n_max defaults to B - 1);
   `drop_bias=on` is the explicit permission to drop q/k/v/o biases llama.cpp cannot run (its drafts change);
@@ -46,7 +44,7 @@ import torch
 from ..config import ConfigError
 from ..config import Option, choice as one_of, parse_options, positive_int, unit_interval
 from ..engines import gguf_files, llamacpp_cache
-from ..engines.llamacpp import SOURCES, EngineError, find_llamacpp
+from ..engines.llamacpp import EngineError, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
 from ..export.gguf import draft_gguf
 from .measurement import Measurement
@@ -55,14 +53,11 @@ GGUF_CHOICES = ("q4_k_m", "f16", "f32")
 NGRAM_MOD_MAX = 1024  # llama.cpp 11434's bound on --spec-ngram-mod-n-match/-n-min/-n-max
 MODES = ("plain", "ngram-mod", "dflash", "dspark")
 OPTIONS = {
-    "plain": {"gguf", "arch", "engine"},
-    "ngram-mod": {"gguf", "arch", "n_match", "n_min", "n_max", "engine", "autotune"},
+    "plain": {"gguf", "arch"},
+    "ngram-mod": {"gguf", "arch", "n_match", "n_min", "n_max"},
     "dflash": {"gguf", "arch", "n_max", "drop_bias", "ngram"},
     "dspark": {"gguf", "arch", "n_max", "conf_min", "drop_bias", "ngram"},
 }
-# ik_llama.cpp's server spells ngram-mod's knobs as its common arguments do (and adds an ε-greedy tuner of the
-# draft lengths rewarded by measured tokens per second: autotune=on)
-IK_NGRAM_FLAGS = (("n_match", "--spec-ngram-size-n"), ("n_min", "--draft-min"), ("n_max", "--draft-max"))
 
 
 def _gguf(text: str) -> str:
@@ -81,8 +76,6 @@ OPTION_TABLE = {
     "drop_bias": Option("on|off", "on or off", one_of("on", "off")),
     "ngram": Option("off|mod", "off or mod", one_of("off", "mod"), "off"),
     "arch": Option("auto|native|llama", "auto, native or llama", one_of("auto", "native", "llama"), "auto"),
-    "engine": Option("llama.cpp|ik_llama.cpp", "llama.cpp or ik_llama.cpp", one_of(*SOURCES), "llama.cpp"),
-    "autotune": Option("on|off", "on or off", one_of("on", "off"), "off"),
 }
 TOKENIZER_PROBE = "def add(a, b):\n    return a + b  # naïve 数字 ✓\n\n<|im_start|>user"
 
@@ -96,10 +89,6 @@ class LlamaCppSpec:
     @property
     def gguf(self) -> str:
         return self.options.get("gguf", "q4_k_m")
-
-    @property
-    def engine(self) -> str:
-        return self.options.get("engine", "llama.cpp")
 
     def canonical(self) -> str:
         """The argument after `llamacpp`, defaults filled in (the method's id in results.json)."""
@@ -127,8 +116,6 @@ def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
         if mode == "ngram-mod" and value > NGRAM_MOD_MAX:  # llama-server refuses these at start-up
             raise ConfigError(f"llamacpp:ngram-mod option {key} takes at most {NGRAM_MOD_MAX} (llama.cpp's limit), "
                               f"got {value}")
-    if options.get("autotune") == "on" and options.get("engine") != "ik_llama.cpp":
-        raise ConfigError("llamacpp:ngram-mod autotune=on is ik_llama.cpp's tuner: add engine=ik_llama.cpp")
     if counts.get("n_min", 0) > counts.get("n_max", NGRAM_MOD_MAX):
         raise ConfigError(f"llamacpp:ngram-mod option n_min={counts['n_min']} exceeds n_max={counts['n_max']}: "
                           "llama.cpp drafts at most n_max tokens and drops a draft shorter than n_min; give n_min <= n_max")
@@ -147,14 +134,10 @@ def server_arguments(spec: LlamaCppSpec, facts: dict | None) -> list[str]:
     args: list[str] = []
     if spec.mode == "ngram-mod":
         args += ["--spec-type", "ngram-mod"]
-        flags = IK_NGRAM_FLAGS if spec.engine == "ik_llama.cpp" else (
-            ("n_match", "--spec-ngram-mod-n-match"), ("n_min", "--spec-ngram-mod-n-min"),
-            ("n_max", "--spec-ngram-mod-n-max"))
-        for key, flag in flags:
+        for key, flag in (("n_match", "--spec-ngram-mod-n-match"), ("n_min", "--spec-ngram-mod-n-min"),
+                          ("n_max", "--spec-ngram-mod-n-max")):
             if key in spec.options:
                 args += [flag, spec.options[key]]
-        if spec.options.get("autotune") == "on":
-            args.append("--spec-autotune")
     elif spec.mode in ("dflash", "dspark"):
         assert facts is not None
         if spec.mode == "dspark" and not facts.get("markov") and facts.get("layout") != "dspark":
@@ -194,7 +177,7 @@ class LlamaCppRunner:
     failed: str | None = None
 
     def start(self) -> None:
-        build = find_llamacpp(SOURCES[self.spec.engine])
+        build = find_llamacpp()
         say = lambda line: print(f"  [{self.method}] {line}", file=sys.stderr, flush=True)  # noqa: E731
         model = runnable_target_gguf(llamacpp_cache.target_gguf(self.target_name, self.spec.gguf), self.spec,
                                      build.tree, log=say)

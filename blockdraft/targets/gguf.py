@@ -39,10 +39,10 @@ from ..config import ConfigError, validate_layer_ids
 from ..decode.target import TargetOutput, head_logits
 from ..devices import parse_dtype
 from ..engines.gguf_arch import open_gguf
-from ..engines.llamacpp import LLAMACPP, EngineError, gguf_engine
+from ..engines.llamacpp import IK_LLAMACPP, LLAMACPP, EngineError, gguf_engine
 from ..engines.gguf_header import check_gguf_numbers
 from ..engines.llamacpp_cache import runnable_target_gguf
-from .llama_lib import MAX_SEQUENCES, LlamaEngine, check_context, check_threads
+from .llama_lib import MAX_SEQUENCES, LlamaEngine, check_context, check_threads, loaded_engine
 
 if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and tree parents
     from ..decode.proposal import Proposal
@@ -229,7 +229,15 @@ class GGUFTarget:
                               "small-AR) run on it as it is")
 
     def check_batchable(self) -> None:
-        """Rows are sequences of one llama.cpp memory: any GGUF decodes several at once."""
+        """Rows are sequences of one llama.cpp memory: any GGUF decodes several at once on llama.cpp. On
+        ik_llama.cpp a pass over rows of different sequences and positions gave other logits than the same rows
+        decoded apart (`tests/targets/test_gguf.py::test_rows_decode_together` under
+        BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp; a tree's branches within one row do agree), so it decodes one row
+        at a time."""
+        if loaded_engine() == IK_LLAMACPP.name:
+            raise ConfigError(f"{self.name} runs on ik_llama.cpp, which decodes one row at a time here (its passes "
+                              "over several rows disagree with the rows decoded apart): decode the prompts one at a "
+                              "time, or run batches on llama.cpp (BLOCKDRAFT_GGUF_ENGINE=llama.cpp)")
 
     # --- rows caches --------------------------------------------------------------------------------
     def open_rows(self, layer_ids: Sequence[int] = ()) -> "GGUFCache":

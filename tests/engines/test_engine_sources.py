@@ -1,5 +1,5 @@
-"""Two llama.cpp-family engines built by one path (`engines/llamacpp.py`'s `EngineSource`), the choice of the
-GGUF target's engine (`engines/choose.py`, $BLOCKDRAFT_GGUF_ENGINE) and ik_llama.cpp's server flags."""
+"""Two llama.cpp-family engines built by one path (`engines/llamacpp.py`'s `EngineSource`) and the choice of the
+GGUF target's engine (`engines/choose.py`, $BLOCKDRAFT_GGUF_ENGINE)."""
 
 import io
 import json
@@ -9,8 +9,6 @@ import pytest
 
 from blockdraft.engines import choose, llamacpp
 from blockdraft.engines.llamacpp import IK_LLAMACPP, LLAMACPP, EngineError
-from blockdraft.eval.llamacpp_runner import parse_llamacpp, server_arguments
-from blockdraft.config import ConfigError
 
 
 @pytest.fixture
@@ -95,16 +93,3 @@ def test_choose_times_every_built_engine_and_writes_the_record(home, monkeypatch
     assert record["engine"] == "ik_llama.cpp"
     assert json.loads(llamacpp.choice_path().read_text())["seconds"]["llama.cpp"]["8"] == 0.126
     assert "ik_llama.cpp" in choose.choice_sentence(record)
-
-
-def test_ik_server_flags_for_ngram_mod():
-    spec = parse_llamacpp("ngram-mod,engine=ik_llama.cpp,n_match=24,n_max=48,autotune=on")
-    assert server_arguments(spec, None) == ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "24",
-                                            "--draft-max", "48", "--spec-autotune"]
-    stock = parse_llamacpp("ngram-mod,n_match=24")
-    assert server_arguments(stock, None) == ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "24"]
-    assert "engine" not in stock.canonical()  # existing method ids in results.json are unchanged
-    with pytest.raises(ConfigError, match="ik_llama.cpp's tuner"):
-        parse_llamacpp("ngram-mod,autotune=on")
-    with pytest.raises(ConfigError):
-        parse_llamacpp("dflash=x,engine=ik_llama.cpp")  # its drafts need llama.cpp's draft-dflash
