@@ -345,6 +345,7 @@ def check_location(out: str | Path, *, flag: str = "--out", protect: Iterable[st
     and its parents. Returns the path."""
     path = Path(out).expanduser()
     if path.is_symlink() and not path.exists():  # mkdir would fail on it (FileExistsError)
+        _resolved(path, flag)  # a link that loops is named as such, not as a missing target
         raise ConfigError(f"{flag} {path} is a symbolic link to {os.readlink(path)}, which does not exist; make that "
                           "folder first, or give another path")
     if path.exists() and not path.is_dir():

@@ -387,8 +387,8 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     """The job: each of STAGES in turn, in the seconds `stage_seconds` gives it; then the summary."""
     started = time.monotonic()
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_BUDGET_MIN:
-        raise ConfigError(f"--budget must be a positive number of minutes, at most {MAX_BUDGET_MIN:,} (a week), got "
-                          f"{budget}")
+        raise ConfigError(f"--budget must be a finite, positive number of minutes, at most {MAX_BUDGET_MIN:,} (a week), "
+                          f"got {budget}")
     # --out before anything is written: never an input, never a folder of other files
     out = check_out_dir(out, "quickstart", replaced=False, can_overwrite=False,
                         protect=[Path(name).expanduser() for name in (target, draft_model, train_prompts)])

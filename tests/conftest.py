@@ -10,6 +10,10 @@ import torch
 # Tiny test models are fastest single-threaded (thread spin-up dominates a 64-wide matmul).
 torch.set_num_threads(1)
 
+# GGUF targets run on the engine `blockdraft engines choose` picked for this machine; the suite pins the reference
+# engine (llama.cpp, which CI builds) unless told otherwise: BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp python -m pytest ...
+os.environ.setdefault("BLOCKDRAFT_GGUF_ENGINE", "llama.cpp")
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-real", action="store_true", default=False,

@@ -205,7 +205,7 @@ def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25)
     speed = Throughput(dtype="bf16", pass_tok_s=20.0, step_s=step_s, step_target_tokens=60.0, load_s=30.0,
                        probe_s=68.0)
 
-    def load_target(name, dtype):
+    def load_target(name, dtype, engine=None):
         clock.advance(30.0 if dtype == "auto" else fp32_load_s)
         return type("FakeTarget", (), {"tokenizer": None})()
 
