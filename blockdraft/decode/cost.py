@@ -66,6 +66,14 @@ def worth_verifying(expected: Sequence[float], costs: Sequence[float], plain_cos
     return best if rates[best] > float(expected[0]) / plain_cost else 0
 
 
+def shortest_worth_verifying(expected: Sequence[float], costs: Sequence[float], plain_cost: float) -> int:
+    """The shortest k >= 1 whose expected[k] / costs[k] beats the plain step (`worth_verifying`'s test), 0 if none:
+    the k an exploring round verifies (`decode/schedule.py`)."""
+    rates = np.asarray(expected, dtype=np.float64) / np.asarray(costs, dtype=np.float64)
+    passing = np.nonzero(rates[1:] > float(expected[0]) / plain_cost)[0]
+    return int(passing[0]) + 1 if len(passing) else 0
+
+
 def row_points(max_rows: int) -> list[int]:
     """The row counts timed for a run of at most `max_rows` rows (others are interpolated)."""
     return sorted({1, 2, 4, 8, 16, max_rows} & set(range(1, max_rows + 1)))

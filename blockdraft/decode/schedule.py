@@ -24,7 +24,9 @@ Counts are capped at `MAX_COUNT` verifications a slot (older ones scaled down), 
 
 Exploration is optimism where a draft could pay, and only there: when the posterior means say no k pays, the
 rule asks again with each a_j at its posterior's `OPTIMISM` quantile (an upper confidence bound, as in UCB); if a
-k passes then, it is verified (an exploring round: its outcome narrows the bound), else the round is plain. A
+k passes then, the shortest such k is verified (an exploring round: its outcome narrows the bound of the first
+slots, which every longer draft rests on, at the least cost: on llama.cpp's curve a 32-token probe cost 15
+one-token steps: docs/studies/2026-11-29-ik-llamacpp.md), else the round is plain. A
 bucket whose upper bound cannot beat the plain step is not probed at all, and one that is explored stops being
 explored as soon as its bound falls below the cost: no fixed probe interval that costs more than it teaches.
 Before drafting, a drafter whose draft takes time (DFlash, small-AR) is asked to draft only when some bucket's
@@ -51,7 +53,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 from scipy.special import betaincinv
 
-from .cost import VerifyCost, worth_verifying
+from .cost import VerifyCost, shortest_worth_verifying, worth_verifying
 from .proposal import Proposal
 from .tree import depths
 from .target import TargetModel
@@ -185,7 +187,7 @@ class Schedule:
         explore = False
         k = worth_verifying(self._expected(proposals, shapes, deepest, None), costs, plain)
         if k == 0:
-            k = worth_verifying(self._expected(proposals, shapes, deepest, OPTIMISM), costs, plain)
+            k = shortest_worth_verifying(self._expected(proposals, shapes, deepest, OPTIMISM), costs, plain)
             explore = k > 0
         self.choices = [Choice(None if not d else str(p.evidence), max(d, default=0), min(k, max(d, default=0)),
                                explore and bool(d)) for p, d in zip(proposals, shapes)]

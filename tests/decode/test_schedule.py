@@ -8,7 +8,8 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import schedule as schedule_module
-from blockdraft.decode.cost import VerifyCost, best_prefix, k_points, row_points, worth_verifying
+from blockdraft.decode.cost import (VerifyCost, best_prefix, k_points, row_points, shortest_worth_verifying,
+                                     worth_verifying)
 from blockdraft.decode.proposal import Proposal
 from blockdraft.decode.schedule import OPTIMISM, Schedule, SlotCounts, schedule_for
 from blockdraft.drafter_spec import BuildContext, build_drafter, parse_spec
@@ -74,9 +75,15 @@ def test_the_schedule_reads_each_bucket_on_the_cpu_curve():
     assert kept.tokens.numel() >= 8 and schedule.choices[0].evidence == "('context', 32)"
     # both rows share one pass: the strong row's draft pays for the pair
     assert schedule.cut_round([weak, strong])[1].tokens.numel() >= 8
-    # a bucket never seen is explored (its upper bound could pay), once taught it is not
+    # a bucket never seen is explored (its upper bound could pay), once taught it is not; the probe is the
+    # shortest draft the bound lets pay (two tokens on this curve: one at the bound's 0.9 only breaks even at 1.9
+    # steps), not the longest: a 20-token probe would cost 6 steps to learn what a 2-token one learns at 2.5
     fresh = schedule.cut_round([chain(20, ("corpus", 2))])[0]
     assert fresh.tokens.numel() > 0 and schedule.choices[0].explore
+    expected = schedule._expected([chain(20, ("corpus", 2))], [list(range(1, 21))], 20, OPTIMISM)
+    costs = schedule.cost.curve(1)[np.arange(21)]
+    assert fresh.tokens.numel() == shortest_worth_verifying(expected, costs, schedule.cost(0, 1)) == 2
+    assert worth_verifying(expected, costs, schedule.cost(0, 1)) > 2  # the best-rate k under the bound is longer
     teach(schedule.counts(("corpus", 2)), 0.3, 20, 30, seed=3)
     assert schedule.cut_round([chain(20, ("corpus", 2))])[0].tokens.numel() == 0
     assert not schedule.choices[0].explore  # its 0.9 upper bound no longer pays: no probe

@@ -3,9 +3,11 @@
 # 1. the verify curves of both engines (blockdraft engines choose: bench-verify in a process per engine);
 # 2. one interleaved bench per engine running our loop, each beside llama-server plain and ngram-mod on the
 #    same file (both llama.cpp engines cannot share a process, so our loop on each is its own run).
-#   S=~/.cache/blockdraft/studies/ik N=10 bash run.sh [choose] [ik] [stock]
+#   S=~/.cache/blockdraft/studies/ik N=10 [SUFFIX=-2] bash run.sh [choose] [ik] [stock]
+# (bench-ik and bench-stock ran at commit 93b6c58, before exploring rounds verified their shortest passing draft;
+#  bench-ik-2 after it, SUFFIX=-2)
 set -euo pipefail
-S=${S:-$HOME/.cache/blockdraft/studies/ik}; N=${N:-10}; NEW=${NEW:-96}; THREADS=${THREADS:-2}
+S=${S:-$HOME/.cache/blockdraft/studies/ik}; N=${N:-10}; NEW=${NEW:-96}; THREADS=${THREADS:-2}; SUFFIX=${SUFFIX:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
 F=$HOME/.cache/blockdraft/gguf/qwen2.5-coder-1.5b-instruct.gguf
 SETS=(humaneval gsm8k mt-bench "alpaca=$HERE/general.jsonl")
@@ -18,9 +20,10 @@ for step in $STEPS; do
     ik|stock)
       engine=$([ "$step" = ik ] && echo ik_llama.cpp || echo llama.cpp)
       BLOCKDRAFT_GGUF_ENGINE=$engine blockdraft bench --target "$F" --threads "$THREADS" --dataset "${SETS[@]}" \
-        --n "$N" --max-new-tokens "$NEW" --out "$S/bench-$step" \
+        --n "$N" --max-new-tokens "$NEW" --out "$S/bench-$step$SUFFIX" \
         --method ar lookup "lookup,tokens=24,proposals=measured" "llamacpp,gguf=$F" "llamacpp:ngram-mod,gguf=$F" \
         2>&1 | grep -v "run(s) done" | tail -40
-      mkdir -p "$HERE/bench-$step" && cp "$S/bench-$step/results.json" "$S/bench-$step/report.md" "$HERE/bench-$step/" ;;
+      mkdir -p "$HERE/bench-$step$SUFFIX"
+      cp "$S/bench-$step$SUFFIX/results.json" "$S/bench-$step$SUFFIX/report.md" "$HERE/bench-$step$SUFFIX/" ;;
   esac
 done
