@@ -19,6 +19,7 @@
 
 #include "ggml.h"
 #include "llama.h"
+#include "shim_batch.h"
 
 extern "C" {
 
@@ -30,7 +31,6 @@ typedef struct {
     struct llama_batch batch;
     int32_t batch_tokens; /* the batch's capacity (n_batch) */
     int32_t seq_max;      /* sequence ids per token the batch can hold */
-    int32_t n_captured;   /* tokens of the last decode held in `captured` */
     char capture[BD_MAX_LAYERS];               /* layer inputs asked for */
     std::vector<float> * captured[BD_MAX_LAYERS]; /* their values from the last decode (n * n_embd) */
 } bd_engine;
@@ -174,37 +174,16 @@ void bd_set_threads(bd_engine * e, int32_t n_threads) {
 
 int32_t bd_decode(bd_engine * e, int32_t n, const int32_t * tokens, const int32_t * pos, const int32_t * n_seq,
                   const int32_t * seq_ids, int32_t seq_stride, const int8_t * want) {
-    if (n > e->batch_tokens) {
-        return -100;
+    const int32_t filled = bd_fill_batch(&e->batch, e->batch_tokens, e->seq_max, n, tokens, pos, n_seq, seq_ids,
+                                         seq_stride, want);
+    if (filled != 0) {
+        return filled;
     }
-    struct llama_batch * batch = &e->batch;
-    for (int32_t i = 0; i < n; ++i) {
-        if (n_seq[i] < 1 || n_seq[i] > e->seq_max) {
-            return -100;
-        }
-        batch->token[i] = tokens[i];
-        batch->pos[i] = pos[i];
-        batch->n_seq_id[i] = n_seq[i];
-        for (int32_t s = 0; s < n_seq[i]; ++s) {
-            batch->seq_id[i][s] = seq_ids[(size_t) i * seq_stride + s];
-        }
-        batch->logits[i] = want[i];
-    }
-    batch->n_tokens = n;
-    e->n_captured = n;
-    return llama_decode(e->ctx, *batch);
+    return llama_decode(e->ctx, e->batch);
 }
 
 int32_t bd_logits(bd_engine * e, int32_t n, const int32_t * idx, float * out) {
-    const size_t n_vocab = (size_t) bd_n_vocab(e);
-    for (int32_t k = 0; k < n; ++k) {
-        const float * row = llama_get_logits_ith(e->ctx, idx[k]);
-        if (row == NULL) {
-            return -1;
-        }
-        memcpy(out + (size_t) k * n_vocab, row, n_vocab * sizeof(float));
-    }
-    return 0;
+    return bd_copy_logits(e->ctx, (size_t) bd_n_vocab(e), n, idx, out);
 }
 
 int32_t bd_layer(bd_engine * e, int32_t lid, int32_t n, float * out) {

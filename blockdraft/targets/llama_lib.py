@@ -59,9 +59,12 @@ def shim_source(build: LlamaCppBuild) -> Path:
     return Path(__file__).with_name(build.source.shim)
 
 
+SHIM_HEADER = Path(__file__).with_name("shim_batch.h")  # what both shims share, part of each one's hash
+
+
 def shim_path(build: LlamaCppBuild) -> Path:
     source = shim_source(build)
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(source.read_bytes() + SHIM_HEADER.read_bytes()).hexdigest()[:12]
     return build.bin_dir / f"libblockdraft_{source.stem}-{digest}.so"
 
 
