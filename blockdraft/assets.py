@@ -442,6 +442,15 @@ def fetch(name: str, *, force: bool = False, keep_sources: bool = False) -> Path
     return path(name)
 
 
+def kept_gguf(name: str) -> Path | None:
+    """The shipped GGUF of model asset `name` when it is kept and its marker verified it (`fetch(name,
+    keep_sources=True)` keeps it; a plain fetch deletes it after conversion), else None."""
+    asset = ASSETS.get(name)
+    if asset is None or asset.kind != "model" or not _gguf_verified(asset):
+        return None
+    return _gguf_path(asset)
+
+
 def _fetch_lock(asset: ModelAsset | PromptAsset):
     """One fetch of an asset at a time: a second one waits, then finds it ready."""
     return folder_lock(home() / "locks" / f"{asset.name}.lock", what=f"another fetch of {asset.name}", wait=True)

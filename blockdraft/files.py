@@ -54,7 +54,8 @@ KINDS = {
     "quickstart": "quickstart folder",
 }
 #: what a quickstart folder holds (`blockdraft quickstart`): an interrupted one holds some of them
-QUICKSTART_NAMES = {"QUICKSTART.md", "conversations.jsonl", "regen.jsonl", "train", "drafter", "bench"}
+QUICKSTART_NAMES = {"QUICKSTART.md", "conversations.jsonl", "regen.jsonl", "train", "drafter", "bench",
+                   "bench-gguf"}
 FEATURE_CACHE_FORMAT = "blockdraft-features/1"  # `index.json`'s format (train/features.py)
 
 # Paths the user approved for replacement (`--overwrite`) for writers that do not take the flag.

@@ -2,8 +2,9 @@
 
 fetch the models and conversations -> take existing answers (ShareGPT's own, teacher-forced labels)
 or, for a prompts-only file, regenerate answers with the target -> train a DFlash drafter (D-PACE) ->
-benchmark it on HumanEval against plain decoding, the small-AR draft and HF assisted generation ->
-check losslessness in float32 -> write the report.
+benchmark it on HumanEval against plain decoding, the small-AR draft and HF assisted generation (and, where a
+llama.cpp build exists, llama.cpp's plain decoding beside our best method on the target's GGUF file:
+`quickstart_llamacpp.py`) -> check losslessness in float32 -> write the report.
 
 Existing answers are the default since the labels study (docs/studies/2026-11-24-labels-at-equal-cost.md):
 a teacher-forced pass labels every assistant token with the target's own greedy choice at several
@@ -28,6 +29,7 @@ import json
 import math
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -57,9 +59,10 @@ from .train.features import topk_log_probs
 from .train.loop import train
 from .quickstart_plan import (  # noqa: F401 (the budget arithmetic, re-exported)
     BENCH_PROMPTS, BENCH_TOKENS, BLOCK_SIZE, CHECK_GRACE, CHECK_METHOD_COST, CHECK_MOST, CHECK_SHARE, CHECK_TOKENS,
-    DRAFT_LAYERS, DRAFT_VOCAB, FEATURES_SHARE, FP32_LOAD, FP32_STEP, MAX_LENGTH, NUM_ANCHORS, REPORT_S, SHARES,
-    SLOWER, STEPS_PER_CONVERSATION, TOPK, WARMUP_TOKENS, Plan, Throughput, bench_share, bench_work, check_seconds,
-    check_tokens, train_work)
+    DRAFT_LAYERS, DRAFT_VOCAB, FEATURES_SHARE, FP32_LOAD, FP32_STEP, LLAMACPP_SHARE, LLAMACPP_TOKENS, MAX_LENGTH,
+    NUM_ANCHORS, REPORT_S, SHARES, SLOWER, STEPS_PER_CONVERSATION, TOPK, WARMUP_TOKENS, Plan, Throughput, bench_share,
+    bench_work, check_seconds, check_tokens, train_work)
+from .quickstart_llamacpp import LlamaCppRows, llamacpp_methods, llamacpp_rows, missing_builds
 from .quickstart_report import RECIPES, better_recipe, lossless_sentence, write_summary  # noqa: F401
 
 
@@ -186,6 +189,7 @@ class Job:
     conversations: int = 0
     train_steps: int = 0
     results: dict = field(default_factory=dict)
+    llamacpp: dict = field(default_factory=dict)  # llama.cpp's rows: gguf, engine and results or error; or not_run
     lossless: dict = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)  # stage -> minutes, for the summary
 
@@ -237,9 +241,10 @@ def stage_seconds(job: Job, stages: tuple[Stage, ...]) -> float:
 
 def _fetch(job: Job, seconds: float) -> None:
     job.say("fetch assets")
+    keep_gguf = not missing_builds()  # with a llama.cpp build, the target's GGUF stays for the llama.cpp rows
     for name in (job.target, job.draft_model, job.dataset.split("=")[0], job.train_prompts):
         if name in assets.ASSETS and not Path(name).exists():
-            assets.fetch(name)
+            assets.fetch(name, keep_sources=keep_gguf and name == job.target)
     if job.train_prompts == "sharegpt-code":
         assets.fetch("sharegpt")
 
@@ -327,16 +332,43 @@ def _train(job: Job, seconds: float) -> None:
 
 
 def _bench(job: Job, seconds: float) -> None:
-    prompts, tokens = bench_work(seconds, job.speed, methods=len(job.methods), prompt_tokens=job.prompt_tokens)
+    """The main benchmark, then llama.cpp's rows where they can run here, in LLAMACPP_SHARE of `seconds` and
+    whatever the main benchmark left of its part (`_llamacpp_bench`)."""
+    started = time.monotonic()
+    rows = llamacpp_rows(job.target)
+    main_s = seconds * (1 - LLAMACPP_SHARE) if rows.ready else seconds
+    prompts, tokens = bench_work(main_s, job.speed, methods=len(job.methods), prompt_tokens=job.prompt_tokens)
     job.say(f"benchmark on {job.dataset} ({prompts} prompt(s) planned, more while time is left, {tokens} new "
-            f"tokens, {job.speed.dtype}, {seconds / 60:.1f} min)")
+            f"tokens, {job.speed.dtype}, {main_s / 60:.1f} min)")
     # The plan's prompt count is what the time fits; the benchmark asks for BENCH_PROMPTS and its hard deadline
     # stops before the first prompt that would not fit (on a slow machine, even the first prompt's runs).
     bench = BenchConfig(target=job.target, methods=job.methods, datasets=(job.dataset,),
                         n=min(job.available, max(prompts, BENCH_PROMPTS)), max_new_tokens=tokens, dtype="auto",
                         threads=job.threads)
-    job.results = run_bench(bench, job.out / "bench", deadline=time.monotonic() + seconds, hard_deadline=True)
+    job.results = run_bench(bench, job.out / "bench", deadline=started + main_s, hard_deadline=True)
     job.speed = measured_step(job.results, job.speed)
+    job.llamacpp = _llamacpp_bench(job, rows, bench.n, deadline=started + seconds)
+
+
+def _llamacpp_bench(job: Job, rows: LlamaCppRows, prompts: int, *, deadline: float) -> dict:
+    """llama.cpp's rows: our plain decoding and `lookup` on the target's GGUF beside llama-server's plain
+    decoding and `ngram-mod` on the same file, the main benchmark's dataset and prompts as far as `deadline`
+    lets them run, in bench-gguf/. Returns what ran or why not; a failure is said, never raised: the main
+    benchmark's results stand."""
+    if not rows.ready or time.monotonic() >= deadline:
+        reason = rows.missing or "the benchmark stage's time ran out before them"
+        print(f"quickstart: llama.cpp rows not run: {reason}", flush=True)
+        return {"not_run": reason}
+    ran = {"gguf": str(rows.gguf), "engine": rows.engine}
+    job.say(f"llama.cpp rows on {rows.gguf.name}: ours on {rows.engine}'s kernels, llama-server's beside them "
+            f"({LLAMACPP_TOKENS} new tokens, {(deadline - time.monotonic()) / 60:.1f} min)")
+    try:
+        bench = BenchConfig(target=str(rows.gguf), methods=llamacpp_methods(rows.gguf), datasets=(job.dataset,),
+                            n=prompts, max_new_tokens=LLAMACPP_TOKENS, threads=job.threads)
+        return {**ran, "results": run_bench(bench, job.out / "bench-gguf", deadline=deadline, hard_deadline=True)}
+    except Exception as err:  # noqa: BLE001 (any failure of these rows leaves the main results standing)
+        traceback.print_exc()
+        return {**ran, "error": f"{type(err).__name__}: {err}"}
 
 
 def _check_reserve(job: Job, part: float) -> float:
@@ -409,7 +441,8 @@ def run_quickstart(out: str | Path, *, budget: float = 30.0, target: str = "qwen
     facts = {"conversations": job.conversations, "labels": job.labels, "steps": _trained_steps(job.train_dir),
              "planned_steps": job.train_steps, "hardware": job.hardware,
              "trained_method": _trained_method(job.drafter_dir), "cached": _cached_sequences(job.train_dir / "features"),
-             "dtype": job.speed.dtype, "pass_tok_s": job.speed.pass_tok_s, "stage_minutes": job.times}
+             "dtype": job.speed.dtype, "pass_tok_s": job.speed.pass_tok_s, "stage_minutes": job.times,
+             "llamacpp": job.llamacpp}
     summary = write_summary(out, job.results, job.lossless, time.monotonic() - started, facts)
     job.say(f"done: report at {out / 'bench' / 'report.md'}, summary at {summary}")
     return out / "bench" / "report.md"

@@ -26,6 +26,11 @@ WARMUP_TOKENS = 16  # eval.bench.WARMUP_TOKENS: every method's warm-up generatio
 SLOWER = 1.6  # a method's tokens cost up to this many plain steps each on a CPU (docs/hardware.md)
 BENCH_TOKENS = (32, 128)  # new tokens per benchmark prompt: the fewest worth a speedup, the most worth waiting for
 BENCH_PROMPTS = 10  # the benchmark asks for at most this many; its hard deadline stops before one that would not fit
+# Where a llama.cpp build and the target's GGUF exist, the benchmark stage also runs llama.cpp's rows
+# (`quickstart_llamacpp.py`) in this part of its seconds, after the main benchmark (which keeps the rest), for
+# as many new tokens as the README's llama.cpp table (the schedule's long lookup drafts need answers to repeat).
+LLAMACPP_SHARE = 0.25
+LLAMACPP_TOKENS = 96
 # A drafter memorises its data from about 14 steps per training conversation on (docs/studies, data and
 # schedule): the steps the time buys are capped there, so a fast machine does not train past it.
 STEPS_PER_CONVERSATION = 14

@@ -1,12 +1,13 @@
 """The quickstart's report: QUICKSTART.md (a plain-language verdict beside the numbers, from results.json and
-the stages' facts) and the sentence on the float32 check (`quickstart.py` runs the job)."""
+the stages' facts), the sentence on the float32 check and the llama.cpp rows' table (`quickstart.py` runs the
+job)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from .eval import metrics as M
-from .eval.report import format_interval, speedup_cautions
+from .eval.report import engine_baseline, format_interval, speedup_cautions
 from .files import write_text_atomic
 
 RECIPES = {"qwen2.5-coder-0.5b-instruct": "recipes/cpu-qwen2.5-coder-0.5b-distill.json",
@@ -88,10 +89,10 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
                          f"(docs/studies/README.md).")
     lines.append("")
     lines.append(lossless_sentence(lossless))
-    session = (results.get("sessions") or [{}])[-1]
-    cuts = [*(session.get("verify_cost") or []), *(session.get("cut") or [])]
+    cuts = _cuts(results)
     if cuts:  # what the benchmark's share of the budget did not cover, setup included (bench/report.md too)
         lines += ["", "Short of time, the benchmark cut: " + "; ".join(cuts) + "."]
+    lines += llamacpp_lines(facts.get("llamacpp"))
     if facts.get("stage_minutes"):
         lines += ["", "Stage times: " + ", ".join(f"{name} {minutes:.1f} min"
                                                   for name, minutes in facts["stage_minutes"].items()) + "."]
@@ -99,6 +100,57 @@ def write_summary(out: Path, results: dict, lossless: dict, elapsed_s: float, fa
     write_text_atomic(path, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return path
+
+
+def _cuts(results: dict) -> list[str]:
+    """What the last session's deadline cut: coarse verify-cost curves, runs, prompts."""
+    session = (results.get("sessions") or [{}])[-1]
+    return [*(session.get("verify_cost") or []), *(session.get("cut") or [])]
+
+
+def llamacpp_lines(rows: dict | None) -> list[str]:
+    """llama.cpp's rows (`quickstart._llamacpp_bench`): their table, each run's speed against llama-server's plain
+    decoding of the same GGUF file; or the one line saying why they did not run and how to get them; or their
+    failure, beside main results that stand without them."""
+    if not rows:
+        return []
+    if "not_run" in rows:
+        return ["", "llama.cpp's rows (its plain decoding beside our best method on the target's GGUF file) did not "
+                f"run: {rows['not_run']}."]
+    gguf = Path(rows["gguf"])
+    where = (f"our loop (`ar`, `lookup`) ran on {rows['engine']}'s kernels with `{gguf}` as its target, and "
+             "llama.cpp's rows are llama-server (llama.cpp) on the same file")
+    if "error" in rows:
+        return ["", f"**llama.cpp's rows failed**: {rows['error']} ({where}). The results above are the main "
+                "benchmark's, whole without them; what the rows measured before failing is in bench-gguf/."]
+    results = rows["results"]
+    config = results.get("config", {})
+    prompts = len({(r["dataset"], r["prompt_id"]) for r in results.get("records", [])})
+    lines = ["", "## On llama.cpp's kernels", "",
+             f"The target's GGUF file, greedy, {config.get('max_new_tokens', 'n/a')} new tokens, {prompts} prompt(s) "
+             f"of {', '.join(config.get('datasets', [])) or 'the same set'}: {where}. Full report: "
+             "bench-gguf/report.md.", ""]
+    units = M.units_by_run(results)
+    baseline = engine_baseline(list(units))
+    against = "llama.cpp plain"
+    if baseline is None:  # its server did not come up: our plain decoding of the same file is the baseline
+        baseline, against = ("ar", None), "our plain decoding (llama.cpp plain did not run)"
+    lines += [f"| run | tau | decode tok/s | speed vs {against} [95% CI] |", "|---|---|---|---|"]
+    for run, run_units in units.items():
+        tau = M.tau_estimate(run_units)
+        seconds, tokens = M.decode_counts(M.flat(run_units))
+        speed = "1 (baseline)" if run == baseline else _fmt(M.speedup_estimate(units.get(baseline, {}), run_units))
+        lines.append(f"| `{run[0].replace(str(gguf), gguf.name)}` | {'n/a' if tau is None else f'{tau.value:.2f}'} | "
+                     f"{f'{tokens / seconds:.1f}' if seconds > 0 else 'n/a'} | {speed} |")
+    if not units:
+        lines.append("| (no prompt measured) | | | |")
+    failed = {method: info["error"] for method, info in (results.get("methods") or {}).items()
+              if isinstance(info, dict) and info.get("error")}
+    notes = [f"`{method.replace(str(gguf), gguf.name)}` did not run: {error}." for method, error in failed.items()]
+    cuts = _cuts(results)
+    if cuts:
+        notes.append("Short of time, these rows cut: " + "; ".join(cuts) + ".")
+    return lines + [line for note in notes for line in ("", note)]
 
 
 def _hybrid_notes(method: str, records: list[dict], speed) -> list[str]:

@@ -9,6 +9,7 @@ from blockdraft.eval.report import MIN_PROMPTS
 from blockdraft.quickstart import (BENCH_TOKENS, STEPS_PER_CONVERSATION, Plan, Throughput, bench_share,
                                    probe_throughput, run_quickstart, write_summary)
 from blockdraft.devices import native_bf16
+from blockdraft.quickstart_llamacpp import llamacpp_rows
 from chat_fixtures import save_tiny_chat_model
 from helpers import write_chat_jsonl
 
@@ -194,14 +195,16 @@ class FakeRunner:
         return type("Result", (), {"tokens": list(range(max_new_tokens))})()
 
 
-def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25):
+def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25, rows=None, gguf_fails=False,
+                 out="qs"):
     """The quickstart's stages on a fake clock, every heavy call replaced by what it costs on a machine that
     decodes a step in `step_s` (bf16; float32 twice that) and loads the target in float32 in `fp32_load_s`.
-    Training ends after `train_used` of its time (its steps ran out, as on the issue's machine). Returns the
-    record of what each stage was given."""
+    Training ends after `train_used` of its time (its steps ran out, as on the issue's machine). `rows`: what
+    `llamacpp_rows` finds (default: the real answer for target "t", not an asset); `gguf_fails`: the bench on
+    the GGUF file raises. Returns the record of what each stage was given (`benches`: every run_bench call)."""
     from blockdraft import quickstart as Q
 
-    clock, seen = Clock(), {}
+    clock, seen = Clock(), {"benches": []}
     speed = Throughput(dtype="bf16", pass_tok_s=20.0, step_s=step_s, step_target_tokens=60.0, load_s=30.0,
                        probe_s=68.0)
 
@@ -219,7 +222,13 @@ def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25)
         return tmp_path / "checkpoint"
 
     def run_bench(config, out, deadline, hard_deadline):
-        seen["bench_s"], seen["bench_tokens"] = deadline - clock.now, config.max_new_tokens
+        seen["benches"].append({"config": config, "out": out, "start": clock.now, "deadline": deadline,
+                                "hard_deadline": hard_deadline})
+        if len(seen["benches"]) == 1:
+            seen["bench_s"], seen["bench_tokens"] = deadline - clock.now, config.max_new_tokens
+        elif gguf_fails:
+            clock.advance(5.0)
+            raise RuntimeError("llama-server died")
         clock.now = deadline  # the benchmark fills its time
         records = [{"method": "ar", "tokens": list(range(33)), "decode_s": 32 * step_s}]
         return {"environment": {"dtype": "bf16"}, "config": {"max_new_tokens": 32}, "records": records}
@@ -229,7 +238,7 @@ def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25)
         return [FakeRunner(clock, m, 2 * step_s, 1.0 if m == "ar" else 1.5) for m in methods], {}
 
     def write_summary(out, results, lossless, elapsed_s, facts):
-        seen.update(lossless=lossless, elapsed_s=elapsed_s, end=clock.now, facts=facts)
+        seen.update(results=results, lossless=lossless, elapsed_s=elapsed_s, end=clock.now, facts=facts)
         return out / "QUICKSTART.md"
 
     fakes = {"time": clock, "load_target": load_target, "probe_throughput": probe, "train": train,
@@ -245,10 +254,11 @@ def busy_machine(monkeypatch, tmp_path, *, step_s, fp32_load_s, train_used=0.25)
              "parse_dataset": lambda text: ("humaneval", None),
              "load_prompts": lambda name, path, n: [type("P", (), {"id": "HumanEval/0", "turns": ["x"]})()],
              "render_chat": lambda tokenizer, messages: list(range(150)), "close_runners": lambda runners: None}
+    fakes["llamacpp_rows"] = llamacpp_rows if rows is None else (lambda target: rows)
     for name, fake in fakes.items():
         monkeypatch.setattr(Q, name, fake)
     seen["started"] = clock.now
-    run_quickstart(tmp_path / "qs", budget=30.0, target="t", draft_model="d", train_prompts="p", fetch=False)
+    run_quickstart(tmp_path / out, budget=30.0, target="t", draft_model="d", train_prompts="p", fetch=False)
     return seen
 
 
@@ -306,3 +316,196 @@ def test_stage_time_goes_to_the_later_stages_by_share_or_by_need():
     assert stage_seconds(job, stages[1:]) == pytest.approx(360.0, abs=2)  # b after an a that used nothing
     needy = stages[:2] + (Stage("c", lambda job: 0.2, run, reserve=lambda job, part: 30.0),)
     assert stage_seconds(job, needy) == pytest.approx(600 - 180 - 30, abs=2)  # c holds back only what it needs
+
+
+# ---------------------------------------------------------------------------------------------- llama.cpp's rows
+
+def _fake_build(home, engine="llama.cpp"):
+    """A build folder `find_llamacpp` accepts (a marker whose decode check passed, executable binaries), built
+    from nothing."""
+    from blockdraft.engines import llamacpp
+
+    source = llamacpp.SOURCES[engine]
+    release = llamacpp.release_dir(source)
+    for name in llamacpp.BINARIES:
+        binary = llamacpp.build_dir(release, source) / "bin" / name
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\nexit 0\n")
+        binary.chmod(0o755)
+    (release / llamacpp.MARKER).write_text(json.dumps({"decode_check": {"passed": True}}))
+
+
+def _kept_gguf(home, name):
+    """The asset's GGUF as a kept fetch leaves it: the file and its marker (sha256 as the asset pins it)."""
+    from blockdraft import assets
+
+    gguf = home / "gguf" / f"{name}.gguf"
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    (home / "gguf" / f"{name}.gguf.json").write_text(json.dumps({"sha256": assets.ASSETS[name].gguf_sha256,
+                                                                  "bytes": 64}))
+    return gguf
+
+
+def test_the_llamacpp_rows_need_a_verified_build_and_the_targets_kept_gguf(tmp_path, monkeypatch):
+    """Each missing piece is named with the command that adds it, in one line; with both, the rows run on the
+    kept file, on the engine GGUF targets run on."""
+    from blockdraft.quickstart_llamacpp import llamacpp_methods
+
+    home, target = tmp_path / "home", "qwen2.5-coder-1.5b-instruct"
+    monkeypatch.setenv("BLOCKDRAFT_HOME", str(home))
+    monkeypatch.delenv("BLOCKDRAFT_LLAMACPP_DIR", raising=False)
+    monkeypatch.setenv("BLOCKDRAFT_GGUF_ENGINE", "llama.cpp")
+    neither = llamacpp_rows(target)
+    assert not neither.ready and neither.gguf is None and "\n" not in neither.missing
+    assert "`blockdraft engines build llama.cpp`" in neither.missing
+    assert f"`blockdraft assets fetch {target} --force --keep-sources`" in neither.missing
+    _fake_build(home)
+    no_gguf = llamacpp_rows(target)
+    assert not no_gguf.ready and "engines build" not in no_gguf.missing and "--keep-sources" in no_gguf.missing
+    gguf = _kept_gguf(home, target)
+    rows = llamacpp_rows(target)
+    assert rows.ready and rows.gguf == gguf and rows.engine == "llama.cpp" and not rows.missing
+    assert llamacpp_methods(rows.gguf) == ("ar", "lookup", f"llamacpp,gguf={gguf}", f"llamacpp:ngram-mod,gguf={gguf}")
+    # a marker that no longer matches the file is no kept GGUF
+    (home / "gguf" / f"{target}.gguf.json").write_text(json.dumps({"sha256": "0" * 64, "bytes": 64}))
+    assert "--keep-sources" in llamacpp_rows(target).missing
+    _kept_gguf(home, target)
+    # our loop's engine must be built too: ik_llama.cpp asked for and not built
+    monkeypatch.setenv("BLOCKDRAFT_GGUF_ENGINE", "ik_llama.cpp")
+    ik = llamacpp_rows(target)
+    assert not ik.ready and "blockdraft engines build ik_llama.cpp" in ik.missing
+    _fake_build(home, "ik_llama.cpp")
+    assert llamacpp_rows(target).engine == "ik_llama.cpp"
+    # a folder target has no shipped GGUF; the build alone is not enough
+    assert "is not a model asset" in llamacpp_rows(str(tmp_path / "folder")).missing
+
+
+def test_the_fetch_keeps_the_targets_gguf_only_where_a_build_exists(tmp_path, monkeypatch):
+    from blockdraft import quickstart as Q
+
+    calls = []
+    monkeypatch.setattr(Q.assets, "fetch", lambda name, keep_sources=False: calls.append((name, keep_sources)))
+    job = Q.Job(out=tmp_path, target="qwen2.5-coder-1.5b-instruct", draft_model="qwen2.5-coder-0.5b-instruct",
+                train_prompts="sharegpt-code", dataset="humaneval", threads=None, budget_s=60.0, started=0.0)
+    for builds, kept in (([], True), (["no verified llama.cpp build"], False)):
+        calls.clear()
+        monkeypatch.setattr(Q, "missing_builds", lambda: builds)
+        Q._fetch(job, 0.0)
+        assert ("qwen2.5-coder-1.5b-instruct", kept) in calls
+        assert all(not keep for name, keep in calls if name != job.target) and len(calls) == 4
+
+
+def test_a_quickstart_stopped_in_its_llamacpp_rows_is_resumed_as_a_quickstart(tmp_path):
+    from blockdraft.files import check_out_dir
+
+    out = tmp_path / "qs"
+    for name in ("conversations.jsonl", "bench/results.json", "bench-gguf/results.json"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("{}")
+    check_out_dir(out, "quickstart", replaced=False, can_overwrite=False)  # no refusal: it resumes
+
+
+def test_the_llamacpp_rows_run_on_the_gguf_inside_the_benchmark_stage(tmp_path, monkeypatch):
+    """With a (faked) verified build and GGUF, a second bench after the main one: the GGUF file as target, the
+    rows' methods exactly, the same dataset and prompt count, greedy, in bench-gguf/; the stage's seconds split,
+    the main benchmark keeping most of them, and the job still within its budget. Without them, one bench that
+    keeps the whole stage, and the reason for the summary."""
+    from blockdraft.quickstart import LLAMACPP_SHARE, LLAMACPP_TOKENS
+    from blockdraft.quickstart_llamacpp import LlamaCppRows
+
+    gguf = tmp_path / "home" / "gguf" / "t.gguf"
+    ready = LlamaCppRows(gguf=gguf, engine="ik_llama.cpp")
+    seen = busy_machine(monkeypatch, tmp_path, step_s=3.6, fp32_load_s=60.0, rows=ready, out="with")
+    main, rows = seen["benches"]
+    assert rows["config"].target == str(gguf) and rows["out"] == tmp_path / "with" / "bench-gguf"
+    assert rows["config"].methods == ("ar", "lookup", f"llamacpp,gguf={gguf}", f"llamacpp:ngram-mod,gguf={gguf}")
+    assert rows["config"].datasets == main["config"].datasets and rows["config"].n == main["config"].n
+    assert rows["config"].temperature == 0.0 and rows["config"].max_new_tokens == LLAMACPP_TOKENS
+    assert rows["hard_deadline"] and main["out"] == tmp_path / "with" / "bench"
+    stage_s = (main["deadline"] - main["start"]) / (1 - LLAMACPP_SHARE)
+    assert rows["deadline"] == pytest.approx(main["start"] + stage_s)  # the stage's end, not later
+    assert rows["deadline"] - rows["start"] == pytest.approx(LLAMACPP_SHARE * stage_s)
+    assert seen["end"] - seen["started"] <= 30 * 60
+    facts = seen["facts"]["llamacpp"]
+    assert facts["engine"] == "ik_llama.cpp" and facts["gguf"] == str(gguf) and "results" in facts
+    assert seen["results"]["records"][0]["method"] == "ar" and seen["lossless"]["checked"]  # the main results
+
+    missing = LlamaCppRows(missing="no verified llama.cpp build (`blockdraft engines build llama.cpp`)")
+    alone = busy_machine(monkeypatch, tmp_path, step_s=3.6, fp32_load_s=60.0, rows=missing, out="without")
+    (only,) = alone["benches"]
+    assert only["out"] == tmp_path / "without" / "bench" and "lookup" not in only["config"].methods
+    assert only["deadline"] - only["start"] == pytest.approx(stage_s)  # the main benchmark keeps the whole stage
+    assert alone["facts"]["llamacpp"] == {"not_run": missing.missing}
+    # the real answer for a target that is no asset: not asked either
+    default = busy_machine(monkeypatch, tmp_path, step_s=3.6, fp32_load_s=60.0, out="folder")
+    assert len(default["benches"]) == 1 and "not a model asset" in default["facts"]["llamacpp"]["not_run"]
+
+
+STAGE_FACTS = {"conversations": 8, "labels": "teacher_forced", "steps": 10, "planned_steps": 20, "hardware": "cpu",
+               "trained_method": "dflash:qs/drafter,tree=measured", "cached": None}
+
+
+def test_a_failing_llamacpp_bench_leaves_the_main_results_and_says_so(tmp_path, monkeypatch):
+    from blockdraft.quickstart_llamacpp import LlamaCppRows
+
+    gguf = tmp_path / "t.gguf"
+    seen = busy_machine(monkeypatch, tmp_path, step_s=3.6, fp32_load_s=60.0, gguf_fails=True,
+                        rows=LlamaCppRows(gguf=gguf, engine="llama.cpp"))
+    assert len(seen["benches"]) == 2 and seen["end"] - seen["started"] <= 30 * 60
+    facts = seen["facts"]["llamacpp"]
+    assert facts["error"] == "RuntimeError: llama-server died" and "results" not in facts
+    assert seen["results"]["records"][0]["method"] == "ar"  # the main benchmark's, kept
+    assert seen["lossless"]["source"] == "rerun" and seen["lossless"]["checked"]  # the job went on
+    # the summary: the main table as without the rows, then the failure in words
+    results = {"config": {"temperature": 0.0, "max_new_tokens": 32, "target": "t"}, "environment": {"dtype": "fp32"},
+               "records": [_record("ar", p, 33, 3.2, emitted=[1] * 32) for p in ("p0", "p1")]
+               + [_record("lookup", p, 33, 1.6, emitted=[2] * 16) for p in ("p0", "p1")]}
+    lossless = {"source": "benchmark", "prompts": ["p0", "p1"], "tokens": 32, "checked": {"lookup": True},
+                "unchecked": []}
+    plain = write_summary(tmp_path, results, lossless, 60.0, STAGE_FACTS).read_text()
+    summary = write_summary(tmp_path, results, lossless, 60.0, {**STAGE_FACTS, "llamacpp": facts}).read_text()
+    assert summary.startswith(plain.rstrip("\n"))
+    added = summary[len(plain.rstrip("\n")):].strip().splitlines()
+    assert len(added) == 1 and added[0].startswith("**llama.cpp's rows failed**: RuntimeError: llama-server died")
+    assert "whole without them" in added[0] and str(gguf) in added[0]
+
+
+def test_the_summary_reads_the_llamacpp_rows_against_llamacpp_plain(tmp_path):
+    gguf = tmp_path / "home" / "gguf" / "qwen.gguf"
+    plain, ngram = f"llamacpp,gguf={gguf}", f"llamacpp:ngram-mod,gguf={gguf}"
+    records = []
+    for prompt in ("p0", "p1", "p2"):
+        records += [_record("ar", prompt, 97, 3.0, emitted=[1] * 96), _record("lookup", prompt, 97, 1.5,
+                                                                               emitted=[3] * 32),
+                    {**_record(plain, prompt, 97, 2.8), "target_calls": 97},
+                    {**_record(ngram, prompt, 97, 2.0), "target_calls": 60}]
+    results = {"config": {"temperature": 0.0, "max_new_tokens": 96, "target": str(gguf), "datasets": ["humaneval"]},
+               "environment": {"dtype": "fp32"}, "records": records,
+               "methods": {plain: {"kind": "llamacpp"}, ngram: {"kind": "llamacpp"}}}
+    main = {"config": {"temperature": 0.0, "max_new_tokens": 32, "target": "t"}, "environment": {"dtype": "fp32"},
+            "records": [_record("ar", "p0", 33, 3.2, emitted=[1] * 32)]}
+    lossless = {"source": "benchmark", "prompts": ["p0"], "tokens": 32, "checked": {}, "unchecked": []}
+    facts = {**STAGE_FACTS, "llamacpp": {"gguf": str(gguf), "engine": "ik_llama.cpp", "results": results}}
+    summary = write_summary(tmp_path, main, lossless, 60.0, facts).read_text()
+    section = summary.split("## On llama.cpp's kernels")[1]
+    assert "ran on ik_llama.cpp's kernels" in section and "llama-server (llama.cpp) on the same file" in section
+    assert "96 new tokens, 3 prompt(s) of humaneval" in section and "bench-gguf/report.md" in section
+    assert "| run | tau | decode tok/s | speed vs llama.cpp plain [95% CI] |" in section
+    assert "| `llamacpp,gguf=qwen.gguf` | 1.00 | 34.3 | 1 (baseline) |" in section
+    lookup = next(line for line in section.splitlines() if line.startswith("| `lookup`"))
+    assert lookup.startswith("| `lookup` | 3.00 | 64.0 | 1.87x")  # 2.8 s against 1.5 s for 96 tokens each
+    assert f"`{ngram}`" not in section and "`llamacpp:ngram-mod,gguf=qwen.gguf`" in section
+    # llama.cpp plain did not run: its error said, the speeds read against our plain decoding
+    results["records"] = [r for r in records if r["method"] != plain]
+    results["methods"][plain] = {"kind": "llamacpp", "error": "llama-server did not come up"}
+    section = write_summary(tmp_path, main, lossless, 60.0, facts).read_text().split("## On llama.cpp's kernels")[1]
+    assert "speed vs our plain decoding (llama.cpp plain did not run)" in section
+    assert "`llamacpp,gguf=qwen.gguf` did not run: llama-server did not come up." in section
+    # not run: one line, how to get them
+    reason = "no verified llama.cpp build (`blockdraft engines build llama.cpp`)"
+    facts = {**STAGE_FACTS, "llamacpp": {"not_run": reason}}
+    summary = write_summary(tmp_path, main, lossless, 60.0, facts).read_text()
+    lines = [line for line in summary.splitlines() if "llama.cpp" in line]
+    assert lines == ["llama.cpp's rows (its plain decoding beside our best method on the target's GGUF file) did not "
+                     "run: no verified llama.cpp build (`blockdraft engines build llama.cpp`)."]
