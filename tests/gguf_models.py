@@ -24,22 +24,68 @@ LAYER_TENSORS = {  # gguf name: transformers name, inside decoder layer i
 }
 
 
-def require_llamacpp():
-    """The verified llama.cpp build; skips the test without one, or fails it under CI (which builds one)."""
+def require_llamacpp(engine: str = "llama.cpp"):
+    """The verified build of `engine` (llama.cpp or ik_llama.cpp); skips the test without one, or fails it under
+    CI (which builds both; ik_llama.cpp only as far as its time allows: $BLOCKDRAFT_CI_UNBUILT names it when not)."""
     import pytest
 
-    from blockdraft.engines.llamacpp import EngineError, find_llamacpp
+    from blockdraft.engines.llamacpp import SOURCES, EngineError, find_llamacpp
 
     try:
-        return find_llamacpp()
+        return find_llamacpp(SOURCES[engine])
     except EngineError as err:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI builds llama.cpp before the tests (.ci/run), yet: {err}")
-        pytest.skip(f"needs a llama.cpp build: {err}")
+        if os.environ.get("CI") and engine not in os.environ.get("BLOCKDRAFT_CI_UNBUILT", "").split():
+            pytest.fail(f"CI builds {engine} before the tests (.ci/run), yet: {err}")
+        pytest.skip(f"needs a {engine} build: {err}")
 
 
-def write_tiny_gguf(model, path: Path, outtype: str = "f32") -> Path:
-    """`model` (a transformers Qwen3ForCausalLM) as a GGUF at `path`; matrices in `outtype`, norms in F32."""
+# Weight types written as random valid blocks: gguf's Python package quantises Q8_0 and Q5_0 but not the K-quants,
+# and a kernel test needs no particular weights, only valid blocks of every type the shipped GGUFs use. Each entry:
+# the block's byte size, where its float16 scales sit (offset, value for a weight scale s), as ggml lays them out:
+# Q8_0 w = d*q (q int8); Q5_0 w = d*(q-16); Q4_K w = d*sc*q - dmin*m (sc, m 6-bit, q 4-bit);
+# Q6_K w = d*sc*(q-32) (sc int8, q 6-bit).
+BLOCKS = {
+    "q8_0": (34, ((0, lambda s: s / 64),)),
+    "q5_0": (22, ((0, lambda s: s / 8),)),
+    "q4_k": (144, ((0, lambda s: s / 256), (2, lambda s: 7.5 * s / 256))),  # dmin*E[m] = d*E[sc]*E[q]: mean ~0
+    "q6_k": (210, ((208, lambda s: s / 1024),)),
+}
+QUANT_TYPES = {name: getattr(gguf.GGMLQuantizationType, name.upper()) for name in BLOCKS}
+
+
+def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.05) -> np.ndarray:
+    """(rows, bytes a row) uint8: random valid blocks of `kind` whose weights are of size ~`scale`."""
+    size, scales = BLOCKS[kind]
+    per_block = gguf.GGML_QUANT_SIZES[QUANT_TYPES[kind]][0]
+    assert cols % per_block == 0, f"{kind} rows hold whole blocks of {per_block}"
+    blocks = rng.integers(0, 256, size=(rows * cols // per_block, size), dtype=np.uint8)
+    if kind == "q8_0":  # quants in [-127, 127], as any quantiser of floats writes them (amax -> 127): ik_llama.cpp's
+        blocks[:, 2:][blocks[:, 2:] == 0x80] = 0x81  # Q8_0 kernels give other sums for -128 (a sign trick has no +128)
+    for offset, value in scales:  # the float16 scales: positive, sized, never NaN or inf
+        d = (value(scale) * rng.uniform(0.5, 1.0, size=len(blocks))).astype(np.float16)
+        blocks[:, offset:offset + 2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def write_quant_gguf(model, path: Path, kind: str, seed: int = 0, only=lambda name: True) -> Path:
+    """`model` (a transformers Qwen3ForCausalLM whose matrices' input sizes are multiples of 256) as a GGUF at
+    `path` with its matrices (those whose transformers name `only` accepts; the rest float32) random valid
+    `kind` blocks; the model's own weights become those blocks' dequantised values, so it computes exactly what
+    the file holds (norms stay float32)."""
+    rng = np.random.default_rng(seed)
+    quantised = {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 2 and only(name):
+                blocks = random_blocks(kind, *param.shape, rng)
+                param.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, QUANT_TYPES[kind])))
+                quantised[id(param)] = (blocks, QUANT_TYPES[kind])
+    return write_tiny_gguf(model, path, "f32", raw=quantised)
+
+
+def write_tiny_gguf(model, path: Path, outtype: str = "f32", raw: dict | None = None) -> Path:
+    """`model` (a transformers Qwen3ForCausalLM) as a GGUF at `path`; matrices in `outtype`, norms in F32;
+    `raw` maps id(parameter) to (its blocks, their type) for matrices written as they are (`write_quant_gguf`)."""
     config = model.config
     assert config.model_type == "qwen3", "only qwen3 is written here"
     writer = gguf.GGUFWriter(str(path), "qwen3")
@@ -60,6 +106,10 @@ def write_tiny_gguf(model, path: Path, outtype: str = "f32") -> Path:
     kind = TYPES[outtype]
 
     def add(name: str, tensor: torch.Tensor) -> None:
+        if raw and id(tensor) in raw:
+            blocks, raw_kind = raw[id(tensor)]
+            writer.add_tensor(name, blocks, raw_dtype=raw_kind)
+            return
         values = tensor.detach().float().numpy()
         if values.ndim == 1 or kind == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
