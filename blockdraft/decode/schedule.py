@@ -26,7 +26,11 @@ Exploration is optimism where a draft could pay, and only there: when the poster
 rule asks again with each a_j at its posterior's `OPTIMISM` quantile (an upper confidence bound, as in UCB); if a
 k passes then, the shortest such k is verified (an exploring round: its outcome narrows the bound of the first
 slots, which every longer draft rests on, at the least cost: on llama.cpp's curve a 32-token probe cost 15
-one-token steps: docs/studies/2026-11-29-ik-llamacpp.md), else the round is plain. A
+one-token steps: docs/studies/2026-11-29-ik-llamacpp.md), else the round is plain. An exploring round verifies
+at most twice the deepest slot its bucket has had verified (at least 2): a deep slot never verified has only its
+prior, centred on the slot before, and on a concave curve the product of many such upper bounds let a bucket
+that had seen 2 slots probe 13-26 tokens at 9-13 steps each (GSM8K on llama.cpp's kernels, same study); probes
+now grow 2, 4, 8, ... as their slots stand. A
 bucket whose upper bound cannot beat the plain step is not probed at all, and one that is explored stops being
 explored as soon as its bound falls below the cost: no fixed probe interval that costs more than it teaches.
 Before drafting, a drafter whose draft takes time (DFlash, small-AR) is asked to draft only when some bucket's
@@ -64,6 +68,7 @@ OPTIMISM = 0.9  # the posterior quantile of each a_j an exploring round reads
 MAX_COUNT = 1000.0  # verifications a slot remembers
 DRAFT_WEIGHT = 0.2  # a drafting round's weight in the drafting time's moving average
 FREE_DRAFT = 0.05  # drafting under this share of a plain step is always asked (lookup's search: new evidence)
+FIRST_PROBE, PROBE_GROWTH = 2, 2  # an exploring round verifies at most max(2, 2 x the deepest slot its bucket has seen)
 
 _SCHEDULES: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[TargetModel, Schedule]]" = \
     weakref.WeakKeyDictionary()
@@ -187,11 +192,20 @@ class Schedule:
         explore = False
         k = worth_verifying(self._expected(proposals, shapes, deepest, None), costs, plain)
         if k == 0:
-            k = shortest_worth_verifying(self._expected(proposals, shapes, deepest, OPTIMISM), costs, plain)
+            reach = min(deepest, self._probe_depth(proposals))
+            upper = self._expected(proposals, shapes, deepest, OPTIMISM)
+            k = shortest_worth_verifying(upper[:reach + 1], costs[:reach + 1], plain)
             explore = k > 0
         self.choices = [Choice(None if not d else str(p.evidence), max(d, default=0), min(k, max(d, default=0)),
                                explore and bool(d)) for p, d in zip(proposals, shapes)]
         return [p.to_depth(k) for p in proposals]
+
+    def _probe_depth(self, proposals: list[Proposal]) -> int:
+        """The deepest an exploring round may verify: `PROBE_GROWTH` times the deepest slot the rows' buckets have
+        had verified, at least `FIRST_PROBE` (the most over the round's rows)."""
+        seen = [np.count_nonzero(self.buckets[p.evidence].reached) if p.evidence in self.buckets else 0
+                for p in proposals]
+        return max(FIRST_PROBE, PROBE_GROWTH * max(seen, default=0))
 
     def _expected(self, proposals: list[Proposal], shapes: list[list[int]], deepest: int,
                   quantile: float | None) -> np.ndarray:

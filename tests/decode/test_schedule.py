@@ -89,6 +89,35 @@ def test_the_schedule_reads_each_bucket_on_the_cpu_curve():
     assert not schedule.choices[0].explore  # its 0.9 upper bound no longer pays: no probe
 
 
+def test_an_exploring_round_verifies_at_most_twice_the_deepest_slot_its_bucket_has_seen(monkeypatch):
+    # llama.cpp 11434's curve (bench-stock-2's timings, in steps): a k = 16 pass costs little more than k = 8
+    stock_ks, stock_steps = [0, 1, 3, 7, 15, 31], [1.0, 1.7, 2.65, 6.0, 7.0, 12.5]
+    schedule = schedule_at(lambda rows, k: rows * float(np.interp(k, stock_ks, stock_steps)), 32)
+    bucket = ("context", 4)
+    counts = schedule.counts(bucket)
+    # a lookup bucket as GSM8K left them: slot 1 accepted 3 times in 10, slot 2 each time it was reached (copies
+    # stand whole or not at all), so every deeper slot's prior is centred high and their upper bounds multiply
+    counts.reached, counts.accepted = np.array([10.0, 3.0]), np.array([3.0, 3.0])
+    means = schedule._expected([chain(32, bucket)], [list(range(1, 33))], 32, None)
+    upper = schedule._expected([chain(32, bucket)], [list(range(1, 33))], 32, OPTIMISM)
+    costs = schedule.cost.curve(1)[np.arange(33)]
+    plain = schedule.cost(0, 1)
+    assert worth_verifying(means, costs, plain) == 0  # the means do not pay: a round may only explore
+    unbounded = shortest_worth_verifying(upper, costs, plain)
+    assert unbounded > 4, unbounded  # the product of deep upper bounds let such a bucket probe a long draft
+    kept = schedule.cut_round([chain(32, bucket)])[0]
+    assert kept.tokens.numel() <= 4 and schedule.choices[0].k <= 4  # now at most twice the 2 slots it has seen
+    assert kept.tokens.numel() == shortest_worth_verifying(upper[:5], costs[:5], plain)
+    # negative control: without the cap (growth unbounded) the same round probes the long draft
+    monkeypatch.setattr(schedule_module, "PROBE_GROWTH", 10**6)
+    assert schedule.cut_round([chain(32, bucket)])[0].tokens.numel() == unbounded
+    # a bucket whose 8 slots stood may probe 16
+    monkeypatch.undo()
+    teach(schedule.counts(("context", 8)), 0.8, 8, 40, seed=6)
+    assert schedule._probe_depth([chain(32, ("context", 8))]) == 16
+    assert schedule._probe_depth([chain(32, ("corpus", 1))]) == 2  # never seen: at most 2
+
+
 def test_the_schedule_drafts_only_where_some_upper_bound_pays_for_the_drafting():
     schedule = schedule_at(cpu_curve, 15)
     assert schedule.drafts(1, 15)  # nothing known yet
