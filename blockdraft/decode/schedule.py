@@ -20,7 +20,8 @@ conditional acceptance a_j (accepted when slots 1..j-1 were) has a Beta posterio
 seen (a coin), and for a deeper slot a Beta of strength `DEEPER_PRIOR` centred on the posterior mean of the slot
 before, so a slot never verified looks like the deepest one that was (lookup's continuations are accepted whole
 or not at all: after a copy's first slots stand, the rule tries longer ones). P(token i) = prod_{j <= i} a_j.
-Counts are capped at `MAX_COUNT` verifications a slot (older ones scaled down), so the posterior follows drift.
+Counts are capped at `MAX_COUNT` verifications a slot (older ones scaled down), so the posterior follows drift:
+a process decodes code, then prose, and a bucket's acceptance is the text's, not the process's.
 
 Exploration is optimism where a draft could pay, and only there: when the posterior means say no k pays, the
 rule asks again with each a_j at its posterior's `OPTIMISM` quantile (an upper confidence bound, as in UCB); if a
@@ -65,7 +66,9 @@ from .target import TargetModel
 FIRST_PRIOR = (1.0, 1.0)  # Beta(alpha, beta) of slot 1's acceptance before any count: uniform
 DEEPER_PRIOR = 2.0  # pseudo-counts of a deeper slot's prior, centred on the slot before's posterior mean
 OPTIMISM = 0.9  # the posterior quantile of each a_j an exploring round reads
-MAX_COUNT = 1000.0  # verifications a slot remembers
+MAX_COUNT = 32.0  # verifications a slot remembers: a bucket follows a change of text within a few dozen rounds
+# (with 1,000, HumanEval's copies kept the same match-length buckets paying on the general questions decoded after
+# them in the same process: 150 one-token drafts accepted at 0.15, docs/studies/2026-11-29-ik-llamacpp.md)
 DRAFT_WEIGHT = 0.2  # a drafting round's weight in the drafting time's moving average
 FREE_DRAFT = 0.05  # drafting under this share of a plain step is always asked (lookup's search: new evidence)
 FIRST_PROBE, PROBE_GROWTH = 2, 2  # an exploring round verifies at most max(2, 2 x the deepest slot its bucket has seen)
