@@ -210,8 +210,11 @@ def overlap(S: Path) -> None:
 def plan(S: Path, sizes: list[int]) -> None:
     """plan.json, before the work: every training conversation of the split tokenised (nothing else): the
     held-out conversations kept, the tokens and disk each size needs, the free disk, the largest size."""
-    if (S / "plan.json").exists():
-        return
+    if not (S / "plan.json").exists():
+        stage(S, "plan", lambda: _plan(S, sizes))
+
+
+def _plan(S: Path, sizes: list[int]) -> None:
     import shutil
 
     import numpy as np
