@@ -75,6 +75,7 @@ def main(argv: list[str]) -> int:
         "clean": {"split_sha256": clean.sha256, "heldout_ids": len(clean.heldout_ids),
                   "heldout_kept": clean_heldout,
                   "touched_by_shipped": touched(clean_heldout, old_train),
+                  "trained_on_by_shipped": [cid for cid in clean_heldout if cid in set(old_train)],
                   "touched_by_previous": touched(clean_heldout, previous_train),
                   "shared_with_old_heldout": [cid for cid in clean_heldout if group_of[cid] in
                                               {group_of[o] for o in old_heldout}]},
