@@ -29,9 +29,10 @@ k passes then, the shortest such k is verified (an exploring round: its outcome 
 slots, which every longer draft rests on, at the least cost: on llama.cpp's curve a 32-token probe cost 15
 one-token steps: docs/studies/2026-11-29-ik-llamacpp.md), else the round is plain. An exploring round verifies
 at most twice the deepest slot its bucket has had verified (at least 2): a deep slot never verified has only its
-prior, centred on the slot before, and on a concave curve the product of many such upper bounds let a bucket
-that had seen 2 slots probe 13-26 tokens at 9-13 steps each (GSM8K on llama.cpp's kernels, same study); probes
-now grow 2, 4, 8, ... as their slots stand. A
+prior, centred on the slot before, and on a concave curve the product of many such upper bounds can first pay
+far out (a bucket whose slot 1 stood 3 times in 10 and slot 2 each time: k = 13 on llama.cpp's curve; GSM8K's
+exploring rounds there verified 13-26 tokens at 7-13 steps each, same study); probes now grow 2, 4, 8, ... as
+their slots stand. A
 bucket whose upper bound cannot beat the plain step is not probed at all, and one that is explored stops being
 explored as soon as its bound falls below the cost: no fixed probe interval that costs more than it teaches.
 Before drafting, a drafter whose draft takes time (DFlash, small-AR) is asked to draft only when some bucket's
