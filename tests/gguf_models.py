@@ -1,8 +1,9 @@
 """Tiny transformers models written as GGUF files with the `gguf` package (no tokenizer: llama.cpp's
 `none` vocabulary of `vocab_size` dummy tokens), for the GGUF target's tests against a real llama.cpp build.
 
-Only `qwen3` is written: llama.cpp's qwen3 graph keeps Hugging Face's rotary layout (NEOX rope), so the
-weights go in as they are, and it exposes every layer's input, which a DFlash drafter reads.
+`qwen3` and `qwen2` are written: llama.cpp's graphs of both keep Hugging Face's rotary layout (NEOX rope), so
+the weights go in as they are. llama.cpp 11434's qwen3 graph exposes every layer's input, which a DFlash drafter
+reads; its qwen2 graph does not (ik_llama.cpp reads both: `tests/targets/test_capture.py`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import torch
 
 TYPES = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
          "q8_0": gguf.GGMLQuantizationType.Q8_0}
-LAYER_TENSORS = {  # gguf name: transformers name, inside decoder layer i
+LAYER_TENSORS = {  # gguf name: transformers name, inside decoder layer i (those a layer of that model has)
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+BIASES = ("attn_q", "attn_k", "attn_v")  # qwen2's attention projections carry biases
 
 
 def require_llamacpp(engine: str = "llama.cpp"):
@@ -84,11 +86,12 @@ def write_quant_gguf(model, path: Path, kind: str, seed: int = 0, only=lambda na
 
 
 def write_tiny_gguf(model, path: Path, outtype: str = "f32", raw: dict | None = None) -> Path:
-    """`model` (a transformers Qwen3ForCausalLM) as a GGUF at `path`; matrices in `outtype`, norms in F32;
-    `raw` maps id(parameter) to (its blocks, their type) for matrices written as they are (`write_quant_gguf`)."""
+    """`model` (a transformers Qwen3ForCausalLM or Qwen2ForCausalLM) as a GGUF at `path`; matrices in `outtype`,
+    norms and biases in F32; `raw` maps id(parameter) to (its blocks, their type) for matrices written as they are
+    (`write_quant_gguf`)."""
     config = model.config
-    assert config.model_type == "qwen3", "only qwen3 is written here"
-    writer = gguf.GGUFWriter(str(path), "qwen3")
+    assert config.model_type in ("qwen3", "qwen2"), "only qwen3 and qwen2 are written here"
+    writer = gguf.GGUFWriter(str(path), config.model_type)
     writer.add_name("blockdraft test target (random weights)")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -96,8 +99,9 @@ def write_tiny_gguf(model, path: Path, outtype: str = "f32", raw: dict | None = 
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -122,7 +126,10 @@ def write_tiny_gguf(model, path: Path, outtype: str = "f32", raw: dict | None = 
     add("token_embd.weight", weights["model.embed_tokens.weight"])
     for i in range(config.num_hidden_layers):
         for ours, theirs in LAYER_TENSORS.items():
-            add(f"blk.{i}.{ours}.weight", weights[f"model.layers.{i}.{theirs}.weight"])
+            if f"model.layers.{i}.{theirs}.weight" in weights:
+                add(f"blk.{i}.{ours}.weight", weights[f"model.layers.{i}.{theirs}.weight"])
+            if ours in BIASES and f"model.layers.{i}.{theirs}.bias" in weights:
+                add(f"blk.{i}.{ours}.bias", weights[f"model.layers.{i}.{theirs}.bias"])
     add("output_norm.weight", weights["model.norm.weight"])
     add("output.weight", model.get_output_embeddings().weight)
     writer.write_header_to_file()

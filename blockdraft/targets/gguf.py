@@ -49,7 +49,9 @@ if TYPE_CHECKING:  # a type only: the cache knows proposals by their tokens and 
 
 GGUF_MAGIC = b"GGUF"
 #: llama.cpp 11434 graphs that record every layer's input (`res->t_layer_inp[il]`), so a DFlash drafter can
-#: read their features; a Qwen2 GGUF runs its llama copy (`blockdraft engines as-llama`), as in docs/llamacpp.md
+#: read their features; a Qwen2 GGUF runs its llama copy there (`blockdraft engines as-llama`, docs/llamacpp.md).
+#: ik_llama.cpp reads any architecture's: its shim takes each layer's output by the name its graphs give it
+#: (`l_out-<i>`, `ik_shim.cpp`), and a graph that did not name it is refused at the first read.
 CAPTURING_ARCHITECTURES = frozenset({"llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next", "gemma4",
                                      "openai-moe", "minimax-m2", "hunyuan-vl", "nanbeige", "mimo2"})
 
@@ -221,9 +223,11 @@ class GGUFTarget:
 
     def check_layer_ids(self, layer_ids: Sequence[int]) -> None:
         validate_layer_ids(tuple(layer_ids), self.num_layers)
-        if layer_ids and self.architecture not in CAPTURING_ARCHITECTURES:
-            hint = (" Rewrite it as llama.cpp's llama architecture: `blockdraft engines as-llama FILE.gguf`."
-                    if self.architecture == "qwen2" else "")
+        if layer_ids and self.architecture not in CAPTURING_ARCHITECTURES and loaded_engine() != IK_LLAMACPP.name:
+            hint = (" Rewrite it as llama.cpp's llama architecture (`blockdraft engines as-llama FILE.gguf`), or run"
+                    " it on ik_llama.cpp (BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp), which reads its layers as they are."
+                    if self.architecture == "qwen2" else " ik_llama.cpp (BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp) reads"
+                    " the layers of most architectures.")
             raise EngineError(f"llama.cpp's {self.architecture!r} graph does not expose its layers' hidden states, "
                               f"which a DFlash drafter reads.{hint} Drafters that read no features (lookup, "
                               "small-AR) run on it as it is")
