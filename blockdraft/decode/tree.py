@@ -24,7 +24,7 @@ import heapq
 import torch
 
 from ..config import ConfigError, SamplingConfig
-from .sampling import sample, to_probs
+from .sampling import greedy_tokens, sample, to_probs
 
 
 def chain_parents(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -72,7 +72,7 @@ def verify_tree(target_logits: torch.Tensor, tokens: torch.Tensor, parents: torc
     The next token is the target's argmax (greedy) or its draw (sampling) at the path's last node.
     """
     children = children_by_token(tokens, parents)
-    greedy_choice = target_logits.argmax(-1).tolist() if sampling.greedy else None
+    greedy_choice = greedy_tokens(target_logits).tolist() if sampling.greedy else None
     path: list[int] = []
     row = 0
     while True:

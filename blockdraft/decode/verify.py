@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
-from .sampling import sample, to_probs
+from .sampling import greedy_tokens, sample, to_probs
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[int, int]:
     """target_logits (K+1, V), draft_tokens (K,) -> (accepted count, correction or bonus token)."""
-    target_argmax = target_logits.argmax(-1)  # (K+1,)
+    target_argmax = greedy_tokens(target_logits)  # (K+1,)
     num_proposed = draft_tokens.shape[0]
     mismatch = (target_argmax[:num_proposed] != draft_tokens).nonzero()
     accepted = int(mismatch[0]) if mismatch.numel() else num_proposed

@@ -48,3 +48,22 @@ def test_argmax_drafting_at_t_above_zero_and_seeded_draws():
     tokens, q = choose(LOGITS.expand(4, 5), sampling, torch.Generator().manual_seed(1))
     assert tokens.shape == (4,) and torch.allclose(q, torch.softmax(LOGITS, -1).expand(4, 5))
     assert sample(torch.tensor([[0.0, 1.0, 0.0]]), None).tolist() == [1]
+
+
+def test_greedy_tokens_are_torchs_first_maximum_on_every_dtype_and_shape():
+    """`greedy_tokens` (numpy's on CPU float32) picks what torch.argmax picks: ties go to the first, a NaN counts as the
+    maximum, an all -inf row gives 0; other dtypes take torch's path. Negative control: the last maximum differs."""
+    from blockdraft.decode.sampling import greedy_tokens
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(-3, 4, (64, 151), generator=generator).float()  # many ties
+    rows[5, 17] = float("nan")
+    rows[6] = float("-inf")
+    big = torch.randn(3, 151936, generator=generator)
+    for logits in (rows, rows[0], big, big[1:], rows.double(), rows.bfloat16(), rows.T.contiguous().T):
+        chosen = greedy_tokens(logits)
+        assert chosen.dtype == torch.int64 and chosen.shape == logits.shape[:-1]
+        assert torch.equal(chosen, logits.argmax(-1))
+    assert int(greedy_tokens(rows)[5]) == 17 and int(greedy_tokens(rows)[6]) == 0
+    last = rows.shape[-1] - 1 - rows.flip(-1).argmax(-1)  # the control: another rule for ties
+    assert not torch.equal(greedy_tokens(rows), last)
