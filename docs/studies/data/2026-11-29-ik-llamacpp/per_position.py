@@ -1,9 +1,11 @@
 """Per-position check of a bench run's greedy outputs on a GGUF target: for every emitted token, how far its logit
 lies below the maximum of the target's one-token step on the output's own prefix (0 = the target's own choice).
 Run with the engine the bench used: BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp python per_position.py F.gguf results.json
+(THREADS=1 on a core shared with another job: llama.cpp's spinning threads slow to a crawl on a busy core).
 Prints, per method, the positions checked, how many are not the argmax, and the largest shortfall; and for each
 method the top-2 gap of the one-token step at those positions (a near tie is where pass shapes may disagree)."""
 import json
+import os
 import sys
 from collections import defaultdict
 
@@ -19,7 +21,7 @@ from lossless import shortfalls, teacher_forced_logits  # noqa: E402
 gguf, results = sys.argv[1], sys.argv[2]
 sets = {"humaneval": None, "gsm8k": None,
         "alpaca": str(__import__("pathlib").Path(results).parents[1] / "general.jsonl")}
-target = blockdraft.load_target(gguf, threads=2)
+target = blockdraft.load_target(gguf, threads=int(os.environ.get("THREADS", 2)))
 records = json.load(open(results))["records"]
 prompts = {}
 for name, path in sets.items():

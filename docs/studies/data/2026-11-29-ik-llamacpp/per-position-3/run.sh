@@ -1,0 +1,8 @@
+#!/bin/bash
+H=/work/main/docs/studies/data/2026-11-29-ik-llamacpp; F=$HOME/.cache/blockdraft/gguf/qwen2.5-coder-1.5b-instruct.gguf
+cd /work/main
+for e in ik_llama.cpp llama.cpp; do
+  start=$(date +%s)
+  THREADS=1 BLOCKDRAFT_GGUF_ENGINE=$e taskset -c 0 python $H/per_position.py $F $H/bench-memory-$e/results.json > /tmp/prof/pp-$e.txt 2> /tmp/prof/pp-$e.err
+  echo "$e rc=$? $(( $(date +%s) - start )) s" >> /tmp/prof/pp.log
+done
