@@ -80,10 +80,11 @@ _SCHEDULES: "weakref.WeakKeyDictionary[object, weakref.WeakKeyDictionary[TargetM
 
 class SlotCounts:
     """One bucket's verifications: reached[j] rounds verified slot j + 1 with the slots before it accepted,
-    accepted[j] of them accepted it."""
+    accepted[j] of them accepted it (both the last `MAX_COUNT`, older ones scaled down), and seen[j] every such
+    verification the bucket has had."""
 
     def __init__(self):
-        self.reached, self.accepted = np.zeros(0), np.zeros(0)
+        self.reached, self.accepted, self.seen = np.zeros(0), np.zeros(0), np.zeros(0)
         self.memo: dict[tuple[int, float | None], np.ndarray] = {}  # `expected` until the next observation
 
     def observe(self, proposed: int, accepted: int) -> None:
@@ -92,7 +93,9 @@ class SlotCounts:
         if proposed > len(self.reached):
             grow = proposed - len(self.reached)
             self.reached, self.accepted = np.pad(self.reached, (0, grow)), np.pad(self.accepted, (0, grow))
+            self.seen = np.pad(self.seen, (0, grow))
         self.reached[:min(proposed, accepted + 1)] += 1
+        self.seen[:min(proposed, accepted + 1)] += 1
         self.accepted[:accepted] += 1
         over = self.reached > MAX_COUNT
         if over.any():
@@ -100,10 +103,16 @@ class SlotCounts:
             self.reached, self.accepted = self.reached * scale, self.accepted * scale
 
     def acceptance(self, depth: int, quantile: float | None = None) -> np.ndarray:
-        """(depth,) a_1..a_depth: posterior means, or each posterior's `quantile` (the module doc's priors)."""
+        """(depth,) a_1..a_depth: posterior means, or each posterior's `quantile` (the module doc's priors). The
+        means read the last `MAX_COUNT` verifications; a quantile reads them weighted up to every verification the
+        slot has had (the same mean, the confidence of all of them)."""
         alphas, betas, mean = np.empty(depth), np.empty(depth), None
         counted = min(depth, len(self.reached))
-        accepted, rejected = self.accepted[:counted].tolist(), (self.reached[:counted] - self.accepted[:counted]).tolist()
+        accepted, rejected = self.accepted[:counted], self.reached[:counted] - self.accepted[:counted]
+        if quantile is not None:
+            weight = self.seen[:counted] / np.maximum(self.reached[:counted], 1.0)
+            accepted, rejected = accepted * weight, rejected * weight
+        accepted, rejected = accepted.tolist(), rejected.tolist()
         for j in range(depth):
             alpha, beta = FIRST_PRIOR if mean is None else (DEEPER_PRIOR * mean, DEEPER_PRIOR * (1.0 - mean))
             if j < counted:
