@@ -20,8 +20,13 @@ conditional acceptance a_j (accepted when slots 1..j-1 were) has a Beta posterio
 seen (a coin), and for a deeper slot a Beta of strength `DEEPER_PRIOR` centred on the posterior mean of the slot
 before, so a slot never verified looks like the deepest one that was (lookup's continuations are accepted whole
 or not at all: after a copy's first slots stand, the rule tries longer ones). P(token i) = prod_{j <= i} a_j.
-Counts are capped at `MAX_COUNT` verifications a slot (older ones scaled down), so the posterior follows drift:
-a process decodes code, then prose, and a bucket's acceptance is the text's, not the process's.
+Counts are capped at `MAX_COUNT` verifications a slot (older ones scaled down), so the posterior means follow
+drift: a process decodes code, then prose, and a bucket's acceptance is the text's, not the process's. The
+exploring bound reads that recent acceptance with the confidence of every verification the slot has had: read
+with the confidence of the last 32 only, a bucket verified hundreds of times kept a bound ~0.1 above its mean and
+was explored without end (run6 of docs/studies/2026-11-29-ik-llamacpp.md: 320 exploring rounds over 48 prompts
+against 122 with a 1,000-verification memory and no probe cap, and 0.97x as fast; run7, the bound on all of them:
+101, and 1.00x).
 
 Exploration is optimism where a draft could pay, and only there: when the posterior means say no k pays, the
 rule asks again with each a_j at its posterior's `OPTIMISM` quantile (an upper confidence bound, as in UCB); if a

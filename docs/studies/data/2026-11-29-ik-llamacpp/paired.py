@@ -30,7 +30,7 @@ for dataset in ["humaneval", "gsm8k", "alpaca", None]:
         low, high = np.percentile(boots, [2.5, 97.5])
         kinds = collections.Counter()
         for p in prompts:
-            rounds = records[p + (method,)]["rounds"]
+            rounds = records[p + (method,)]["rounds"] or {"proposed": []}  # llama-server's records keep none
             schedule = rounds.get("schedule") or [None] * len(rounds["proposed"])
             for i, proposed in enumerate(rounds["proposed"]):
                 kind = "plain" if not proposed else ("explore" if schedule[i] and schedule[i]["explore"] else "drafted")
