@@ -102,9 +102,19 @@ def parse_timings(payload: dict[str, Any]) -> Timings:
     try:
         return Timings(prompt_n=int(timings["prompt_n"]), prompt_ms=float(timings["prompt_ms"]),
                        predicted_n=int(timings["predicted_n"]), predicted_ms=float(timings["predicted_ms"]),
-                       draft_n=int(timings.get("draft_n", 0)), draft_n_accepted=int(timings.get("draft_n_accepted", 0)))
+                       draft_n=int(timings.get("draft_n") or 0),  # ik_llama.cpp's server reports no draft counts
+                       draft_n_accepted=int(timings.get("draft_n_accepted") or 0))
     except (KeyError, TypeError, ValueError) as err:
         raise EngineError(f"llama-server's timings are malformed ({type(err).__name__}: {err}): {timings}") from None
+
+
+def logprob_ids(answer: dict[str, Any]) -> list[int]:
+    """The generated token ids of a `/v1/completions` answer asked with `logprobs` (each entry's `id`)."""
+    try:
+        return [int(entry["id"]) for entry in answer["choices"][0]["logprobs"]["content"]]
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise EngineError(f"llama-server's /v1/completions answer carries no token ids in its logprobs "
+                          f"({type(err).__name__}: {err})") from None
 
 
 class LlamaServer:
@@ -113,17 +123,24 @@ class LlamaServer:
     def __init__(self, binary: str | Path, model: str | Path, *, draft: str | Path | None = None,
                  extra_args: Sequence[str] = (), threads: int | None = None, ctx_size: int = 4096,
                  log_path: str | Path | None = None, host: str = "127.0.0.1", port: int | None = None,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S):
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, ids_from: str = "tokens", webui_flag: bool = True):
+        """`ids_from`: where a completion's token ids come from: "tokens" (llama.cpp's `/completion` with
+        `return_tokens`) or "logprobs" (`/v1/completions` with `logprobs: 1`, each entry's `id`: ik_llama.cpp's
+        server, whose `/completion` returns text only). `webui_flag`: pass `--no-webui` (llama.cpp's flag;
+        ik_llama.cpp's server does not know it)."""
+        if ids_from not in ("tokens", "logprobs"):
+            raise ValueError(f"ids_from is tokens or logprobs, got {ids_from!r}")
         self.binary, self.model, self.draft = Path(binary), Path(model), None if draft is None else Path(draft)
         self.extra_args, self.threads, self.ctx_size = list(extra_args), threads, ctx_size
         self.log_path = None if log_path is None else Path(log_path)
         self.host, self.port, self.startup_timeout_s = host, port, startup_timeout_s
+        self.ids_from, self.webui_flag = ids_from, webui_flag
         self.process: subprocess.Popen | None = None
         self._log = None
 
     def command(self) -> list[str]:
         command = [str(self.binary), "-m", str(self.model), "--host", self.host, "--port", str(self.port),
-                   "-c", str(self.ctx_size), "-np", "1", "--no-webui"]
+                   "-c", str(self.ctx_size), "-np", "1"] + (["--no-webui"] if self.webui_flag else [])
         if self.threads:
             command += ["-t", str(self.threads), "-tb", str(self.threads)]
         if self.draft is not None:
@@ -207,10 +224,16 @@ class LlamaServer:
     def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, *, seed: int = 0,
                  ignore_eos: bool = False) -> tuple[list[int], Timings]:
         """Greedy completion of the token ids; returns (generated ids, the server's timings)."""
-        payload = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens), "temperature": 0.0,
-                   "top_k": 1, "seed": int(seed), "cache_prompt": False, "return_tokens": True, "stream": False,
-                   "repeat_penalty": 1.0, "ignore_eos": bool(ignore_eos)}
-        answer = self.request("/completion", payload)
+        payload = {"prompt": [int(t) for t in prompt_ids], "temperature": 0.0, "top_k": 1, "seed": int(seed),
+                   "cache_prompt": False, "stream": False, "repeat_penalty": 1.0, "ignore_eos": bool(ignore_eos)}
+        if self.ids_from == "logprobs":
+            answer = self.request("/v1/completions", {**payload, "max_tokens": int(max_new_tokens), "logprobs": 1})
+            tokens, timings = logprob_ids(answer), parse_timings(answer)
+            if len(tokens) != timings.predicted_n:
+                raise EngineError(f"llama-server's /v1/completions gave {len(tokens)} token ids for the "
+                                  f"{timings.predicted_n} tokens it generated: its output cannot be checked")
+            return tokens, timings
+        answer = self.request("/completion", {**payload, "n_predict": int(max_new_tokens), "return_tokens": True})
         tokens = answer.get("tokens")
         if not isinstance(tokens, list):
             raise EngineError("llama-server's /completion response has no `tokens`; it must honour return_tokens")

@@ -16,6 +16,11 @@ an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached 
   but always keeps the first: where c_1 < P llama.cpp drafts nothing that round (one plain decode step)
   and we verify one proposal. A drafter without a confidence head (with Markov features) runs only
   with conf_min=0.
+- `engine=ik_llama.cpp` (plain decoding only): the server of the ik_llama.cpp build (`blockdraft engines build
+  ik_llama.cpp`) in place of llama.cpp's, on the same file. Its `/completion` returns no token ids, so these
+  requests go to `/v1/completions` with `logprobs: 1`, whose entries carry each generated token's id (one
+  softmax over the vocabulary a token, inside the server's own decode time). Its `ngram-mod` is refused: when
+  it drafts, that answer lacks one token's entry (15 ids for 16 tokens), so its output cannot be checked.
 - `ngram=mod` on either draft mode combines it with ngram-mod (`--spec-type draft-dflash,ngram-mod`): the
   n-gram draft wins where it has one, the drafter drafts the other rounds (like our `hybrid:` fallback).
 
@@ -34,6 +39,7 @@ the target's is recorded with its error in results.json's `methods` and the benc
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +50,7 @@ import torch
 from ..config import ConfigError
 from ..config import Option, choice as one_of, parse_options, positive_int, unit_interval
 from ..engines import gguf_files, llamacpp_cache
-from ..engines.llamacpp import EngineError, find_llamacpp
+from ..engines.llamacpp import SOURCES, EngineError, find_llamacpp
 from ..engines.llamacpp_server import LlamaServer
 from ..export.gguf import draft_gguf
 from .measurement import Measurement
@@ -52,8 +58,9 @@ from .measurement import Measurement
 GGUF_CHOICES = ("q4_k_m", "f16", "f32")
 NGRAM_MOD_MAX = 1024  # llama.cpp 11434's bound on --spec-ngram-mod-n-match/-n-min/-n-max
 MODES = ("plain", "ngram-mod", "dflash", "dspark")
+ENGINES = ("llama.cpp", "ik_llama.cpp")  # whose llama-server runs the method (`engines/llamacpp.py::SOURCES`)
 OPTIONS = {
-    "plain": {"gguf", "arch"},
+    "plain": {"gguf", "arch", "engine"},
     "ngram-mod": {"gguf", "arch", "n_match", "n_min", "n_max"},
     "dflash": {"gguf", "arch", "n_max", "drop_bias", "ngram"},
     "dspark": {"gguf", "arch", "n_max", "conf_min", "drop_bias", "ngram"},
@@ -76,6 +83,7 @@ OPTION_TABLE = {
     "drop_bias": Option("on|off", "on or off", one_of("on", "off")),
     "ngram": Option("off|mod", "off or mod", one_of("off", "mod"), "off"),
     "arch": Option("auto|native|llama", "auto, native or llama", one_of("auto", "native", "llama"), "auto"),
+    "engine": Option("|".join(ENGINES), " or ".join(ENGINES), one_of(*ENGINES), "llama.cpp"),
 }
 TOKENIZER_PROBE = "def add(a, b):\n    return a + b  # naïve 数字 ✓\n\n<|im_start|>user"
 
@@ -89,6 +97,10 @@ class LlamaCppSpec:
     @property
     def gguf(self) -> str:
         return self.options.get("gguf", "q4_k_m")
+
+    @property
+    def engine(self) -> str:
+        return self.options.get("engine", "llama.cpp")
 
     def canonical(self) -> str:
         """The argument after `llamacpp`, defaults filled in (the method's id in results.json)."""
@@ -110,6 +122,10 @@ def parse_llamacpp(arg: str | None) -> LlamaCppSpec:
         raise ConfigError(f"llamacpp:{mode} needs the drafter: llamacpp:{mode}=DRAFTER")
     if mode in ("plain", "ngram-mod") and drafter:
         raise ConfigError(f"llamacpp:{mode} takes no drafter, got {head!r}")
+    if mode != "plain" and re.search(r"(^|,)\s*engine\s*=\s*ik_llama\.cpp\s*(,|$)", text):
+        raise ConfigError(f"llamacpp:{mode} does not run on ik_llama.cpp's server: when it drafts, its answer lacks "
+                          "one generated token's id (15 ids for 16 tokens), so its output cannot be checked token by "
+                          "token; ik_llama.cpp runs plain decoding here (llamacpp,engine=ik_llama.cpp)")
     _, options = parse_options(f"llamacpp:{mode}", text, sorted(OPTIONS[mode]), OPTION_TABLE)
     counts = {key: int(options[key]) for key in ("n_match", "n_min", "n_max") if key in options}
     for key, value in counts.items():
@@ -177,7 +193,7 @@ class LlamaCppRunner:
     failed: str | None = None
 
     def start(self) -> None:
-        build = find_llamacpp()
+        build = find_llamacpp(SOURCES[self.spec.engine])
         say = lambda line: print(f"  [{self.method}] {line}", file=sys.stderr, flush=True)  # noqa: E731
         model = runnable_target_gguf(llamacpp_cache.target_gguf(self.target_name, self.spec.gguf), self.spec,
                                      build.tree, log=say)
@@ -194,8 +210,10 @@ class LlamaCppRunner:
                           "draft_gguf": None if draft is None else str(draft),
                           "draft": facts, "server_args": extra, "log": None if log is None else str(log),
                           "threads": self.threads, "llamacpp": build.marker().get("package")})
+        self.info["engine"] = self.spec.engine
+        ik = self.spec.engine == "ik_llama.cpp"
         self.server = LlamaServer(build.server, model, draft=draft, extra_args=extra, threads=self.threads,
-                                  log_path=log).start()
+                                  log_path=log, ids_from="logprobs" if ik else "tokens", webui_flag=not ik).start()
         self.check_tokenizer()
 
     def check_tokenizer(self) -> None:

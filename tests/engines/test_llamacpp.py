@@ -350,10 +350,17 @@ class Handler(BaseHTTPRequestHandler):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/tokenize":
             return self._send(200, {"tokens": [ord(c) for c in request["content"]]})
-        n = request["n_predict"]
+        n = request["max_tokens" if self.path == "/v1/completions" else "n_predict"]
         tokens = [(t + 1) % 50 for t in request["prompt"][-1:] * n]
-        self._send(200, {"tokens": tokens, "timings": {"prompt_n": len(request["prompt"]), "prompt_ms": 5.0,
-                         "predicted_n": n, "predicted_ms": 10.0 * (n - 1), "draft_n": 6, "draft_n_accepted": 4}})
+        timings = {"prompt_n": len(request["prompt"]), "prompt_ms": 5.0, "predicted_n": n,
+                   "predicted_ms": 10.0 * (n - 1), "draft_n": 6, "draft_n_accepted": 4}
+        if self.path == "/v1/completions":  # ik_llama.cpp's way: ids only in the logprobs, one short if asked
+            entries = [{"id": t, "token": chr(t), "logprob": 0.0} for t in tokens][:n - int("--drop-one" in args)]
+            return self._send(200, {"choices": [{"text": "", "logprobs": {"content": entries}}],
+                                    "timings": {k: v for k, v in timings.items() if not k.startswith("draft")}})
+        if "--no-tokens" in args:
+            return self._send(200, {"content": "", "timings": timings})
+        self._send(200, {"tokens": tokens, "timings": timings})
 
 HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
@@ -472,6 +479,7 @@ def test_timings_parsing():
 
 # ---------------------------------------------------------------------------------------------- bench methods
 
+from blockdraft.eval import llamacpp_runner  # noqa: E402
 from blockdraft.eval.llamacpp_runner import build_llamacpp_runner, parse_llamacpp, server_arguments  # noqa: E402
 from blockdraft.eval.methods import parse_method  # noqa: E402
 from blockdraft.eval.runner import run_or_fail  # noqa: E402
@@ -502,6 +510,17 @@ def test_method_spellings_are_canonical():
 def test_method_option_errors(bad, message):
     with pytest.raises(ConfigError, match=message):
         parse_method(bad)
+
+
+def test_ik_llamacpp_runs_plain_decoding_only():
+    assert parse_method("llamacpp,engine=ik_llama.cpp").name == "llamacpp,gguf=q4_k_m,engine=ik_llama.cpp"
+    assert parse_llamacpp(",engine=ik_llama.cpp").engine == "ik_llama.cpp" and parse_llamacpp(None).engine == "llama.cpp"
+    assert server_arguments(parse_llamacpp(",engine=ik_llama.cpp"), None) == []
+    for bad, message in (("llamacpp:ngram-mod,engine=ik_llama.cpp", "lacks one generated token's id"),
+                         ("llamacpp:dflash=D,engine=ik_llama.cpp", "does not run on ik_llama.cpp"),
+                         ("llamacpp,engine=vllm", "engine takes llama.cpp or ik_llama.cpp")):
+        with pytest.raises(ConfigError, match=message):
+            parse_method(bad)
 
 
 def test_server_arguments_per_mode():
@@ -567,6 +586,41 @@ def test_runner_measures_with_the_servers_timings_and_stops(fake_build, tmp_path
     assert measurement.engine_timings["draft_n"] == 6
     assert runner.info["target_gguf"] == str(fake_build) and Path(runner.info["log"]).is_file()
     assert not runner.server.running
+
+
+def test_an_ik_llamacpp_runner_reads_ids_from_the_logprobs(fake_build, tmp_path, monkeypatch):
+    asked = []
+    real_find = llamacpp_runner.find_llamacpp
+
+    def find(source=llamacpp.LLAMACPP):
+        asked.append(source.name)
+        return real_find(llamacpp.LLAMACPP)  # the fake build stands in for ik_llama.cpp's
+
+    monkeypatch.setattr(llamacpp_runner, "find_llamacpp", find)
+    runner = build_llamacpp_runner("ik", f",gguf={fake_build},engine=ik_llama.cpp", FakeTarget(CharTokenizer()),
+                                   log_dir=tmp_path / "bench")
+    try:
+        measurement = runner.run([5, 6], max_new_tokens=9, seed=0)
+        command = runner.server.command()
+    finally:
+        runner.close()
+    assert asked == ["ik_llama.cpp"] and runner.info["engine"] == "ik_llama.cpp"
+    assert measurement.tokens == [7] * 9 and measurement.decode_s == pytest.approx(0.08)
+    assert measurement.engine_timings["draft_n"] == 0  # ik_llama.cpp reports no draft counts
+    assert "--no-webui" not in command  # a flag ik_llama.cpp's server refuses
+
+
+def test_a_server_answer_without_ids_for_every_token_is_refused(fake_server, tmp_path):
+    binary, model = fake_server
+    with LlamaServer(binary, model, extra_args=["--drop-one"], ids_from="logprobs",
+                     log_path=tmp_path / "s.log") as server:
+        with pytest.raises(EngineError, match="gave 3 token ids for the 4 tokens"):
+            server.complete([1, 2], 4)
+    with LlamaServer(binary, model, extra_args=["--no-tokens"], log_path=tmp_path / "t.log") as server:
+        with pytest.raises(EngineError, match="no `tokens`"):
+            server.complete([1, 2], 4)
+    with pytest.raises(ValueError, match="ids_from"):
+        LlamaServer(binary, model, ids_from="text")
 
 
 def test_a_tokenizer_mismatch_is_refused_before_the_first_prompt(fake_build, tmp_path, monkeypatch):
