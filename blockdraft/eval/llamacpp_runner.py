@@ -17,7 +17,8 @@ an F16/F32 GGUF converted from the HF folder with llama.cpp's converter, cached 
   and we verify one proposal. A drafter without a confidence head (with Markov features) runs only
   with conf_min=0.
 - `engine=ik_llama.cpp` (plain decoding only): the server of the ik_llama.cpp build (`blockdraft engines build
-  ik_llama.cpp`) in place of llama.cpp's, on the same file. Its `/completion` returns no token ids, so these
+  ik_llama.cpp`) in place of llama.cpp's, on the same file, with its run-time repacking (`-rtr`, as our
+  GGUF target runs ik_llama.cpp's kernels). Its `/completion` returns no token ids, so these
   requests go to `/v1/completions` with `logprobs: 1`, whose entries carry each generated token's id (one
   softmax over the vocabulary a token, inside the server's own decode time). Its `ngram-mod` is refused: when
   it drafts, that answer lacks one token's entry (15 ids for 16 tokens), so its output cannot be checked.
@@ -147,7 +148,7 @@ def runnable_target_gguf(model: Path, spec: "LlamaCppSpec", tree: Path | None = 
 
 def server_arguments(spec: LlamaCppSpec, facts: dict | None) -> list[str]:
     """llama-server flags for one configuration (beside -m/-md/threads)."""
-    args: list[str] = []
+    args: list[str] = ["-rtr"] if spec.engine == "ik_llama.cpp" else []  # repacked, as our ik target runs it
     if spec.mode == "ngram-mod":
         args += ["--spec-type", "ngram-mod"]
         for key, flag in (("n_match", "--spec-ngram-mod-n-match"), ("n_min", "--spec-ngram-mod-n-min"),

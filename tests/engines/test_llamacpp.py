@@ -515,7 +515,7 @@ def test_method_option_errors(bad, message):
 def test_ik_llamacpp_runs_plain_decoding_only():
     assert parse_method("llamacpp,engine=ik_llama.cpp").name == "llamacpp,gguf=q4_k_m,engine=ik_llama.cpp"
     assert parse_llamacpp(",engine=ik_llama.cpp").engine == "ik_llama.cpp" and parse_llamacpp(None).engine == "llama.cpp"
-    assert server_arguments(parse_llamacpp(",engine=ik_llama.cpp"), None) == []
+    assert server_arguments(parse_llamacpp(",engine=ik_llama.cpp"), None) == ["-rtr"]  # repacked, as our target
     for bad, message in (("llamacpp:ngram-mod,engine=ik_llama.cpp", "lacks one generated token's id"),
                          ("llamacpp:dflash=D,engine=ik_llama.cpp", "does not run on ik_llama.cpp"),
                          ("llamacpp,engine=vllm", "engine takes llama.cpp or ik_llama.cpp")):
