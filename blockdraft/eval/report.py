@@ -180,10 +180,11 @@ def _speed_section(results: Mapping, plots: list[str]) -> list[str]:
 
 def engine_baseline(runs: list) -> tuple | None:
     """The llama.cpp plain-decoding run to read every run against (bench method `llamacpp[,gguf=...]`):
-    the target's own graph (`arch=` unset or native) when measured, else any plain llama.cpp run."""
+    llama.cpp's own server before ik_llama.cpp's (`engine=ik_llama.cpp`), the target's own graph (`arch=` unset
+    or native) before its llama copy; None without a plain llama.cpp run."""
     plain = [run for run in runs if run[0].startswith("llamacpp,")]
-    native = [run for run in plain if "arch=llama" not in run[0]]
-    return (native or plain or [None])[0]
+    ranked = sorted(plain, key=lambda run: ("engine=ik_llama.cpp" in run[0], "arch=llama" in run[0]))
+    return ranked[0] if ranked else None
 
 
 def _acceptance_section(results: Mapping, plots: list[str]) -> list[str]:

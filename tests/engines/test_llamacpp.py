@@ -681,6 +681,9 @@ def test_report_reads_every_run_against_llamacpp_plain():
     assert engine_baseline([("ar", None), ("llamacpp,gguf=q4_k_m,arch=llama", None),
                             ("llamacpp,gguf=q4_k_m", None)]) == ("llamacpp,gguf=q4_k_m", None)
     assert engine_baseline([("ar", None), ("llamacpp:ngram-mod,gguf=q4_k_m", None)]) is None
+    assert engine_baseline([("llamacpp,gguf=q4_k_m,engine=ik_llama.cpp", None), ("llamacpp,gguf=q4_k_m,arch=llama", None),
+                            ("llamacpp,gguf=q4_k_m", None)]) == ("llamacpp,gguf=q4_k_m", None)  # llama.cpp's own first
+    assert engine_baseline([("llamacpp,gguf=q4_k_m,engine=ik_llama.cpp", None)])[0].endswith("ik_llama.cpp")
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
             for line in _speed_section(results, []) if line.startswith("| `")}
     assert rows["`ar`"][-1].startswith("0.50x") and rows["`llamacpp,gguf=q4_k_m`"][-1] == "1 (baseline)"
