@@ -1,9 +1,13 @@
-"""One-token steps of several llama.cpp contexts in one process, step by step in turn (drift cancels)."""
+"""MODE=sizes|identical STEPS=N python inproc.py: one-token steps of several llama.cpp contexts in one process, step by step in turn (drift cancels)."""
 import os, sys, time
 import numpy as np
 from blockdraft.targets.llama_lib import LlamaEngine
 F = os.path.expanduser(os.environ.get("F", "~/.cache/blockdraft/gguf/qwen2.5-coder-1.5b-instruct.gguf"))
-configs = {name: dict(n_batch=512, n_seq_max=256, n_outputs_max=512) for name in ("first", "second", "third")}
+if os.environ.get("MODE", "sizes") == "sizes":  # the context's sequence count, and load order (inproc3's run)
+    configs = {name: dict(n_batch=512, n_seq_max=n, n_outputs_max=512) for name, n in (
+        ("seq 1 (first)", 1), ("seq 256", 256), ("seq 64", 64), ("seq 256 again", 256), ("seq 1 again", 1))}
+else:  # MODE=identical: three identical contexts (DUMMY=file.gguf loads a model before them)
+    configs = {name: dict(n_batch=512, n_seq_max=256, n_outputs_max=512) for name in ("first", "second", "third")}
 dummy = None
 if os.environ.get("DUMMY"):
     dummy = LlamaEngine(os.path.expanduser(os.environ["DUMMY"]), n_ctx=256, threads=2, n_batch=64, n_seq_max=1, n_outputs_max=64)
