@@ -23,6 +23,7 @@ or in CI; `find_llamacpp()` only looks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -50,6 +51,17 @@ CMAKE_FLAGS = ("-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_
 
 
 @dataclass(frozen=True)
+class SourcePatch:
+    """One edit of an engine's pinned source: `old` (found exactly once in `path`, relative to the CMake tree)
+    becomes `new`. `why` is what the build log says."""
+
+    path: str
+    old: str
+    new: str
+    why: str
+
+
+@dataclass(frozen=True)
 class EngineSource:
     """One llama.cpp-family engine as a pinned PyPI sdist: where its CMake tree sits in the sdist, how it is
     configured, and which shim (`targets/*_shim.cpp`) binds its C API for the GGUF target."""
@@ -65,6 +77,15 @@ class EngineSource:
     build_info: bool = False  # the sdist lacks common/build-info.cpp and the script that writes it: write it
     about: str = ""
     versioned: tuple[str, ...] = BINARIES  # binaries that answer `--version` (the decode check runs llama-bench)
+    patches: tuple["SourcePatch", ...] = ()  # applied to the extracted tree before every build (`apply_patches`)
+
+    @property
+    def patch_id(self) -> str | None:
+        """What the build marker records of the patches (a build without them is not this source's build)."""
+        if not self.patches:
+            return None
+        text = json.dumps([[p.path, p.old, p.new] for p in self.patches])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def sdist_name(self) -> str:
@@ -98,7 +119,24 @@ IK_LLAMACPP = EngineSource(
     cmake_flags=("-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
                  "-DGGML_IQK_FA_ALL_QUANTS=OFF", "-DBUILD_SHARED_LIBS=ON"),
     build_info=True, about="ik_llama.cpp, llama.cpp's fork with faster CPU kernels for short passes",
-    versioned=("llama-server",))  # its llama-bench has no --version (it prints its usage and exits 1)
+    versioned=("llama-server",),  # its llama-bench has no --version (it prints its usage and exits 1)
+    patches=(
+        # llama_output_reserve runs at every decode and zeroed the whole logits buffer each time: max(outputs,
+        # n_seq_max) rows of n_vocab floats, 156 MB for a 151,936-token vocabulary at the GGUF target's 256
+        # sequences, ~9% of a one-token step of a 1.5B Q4_K_M on a 2-core EPYC
+        # (docs/studies/2026-11-29-ik-llamacpp.md, "Fourth session"). llama.cpp zeroes it once, when it allocates it.
+        SourcePatch("src/llama.cpp",
+                    old="    ggml_backend_buffer_clear(lctx.buf_output, 0);\n\n    lctx.n_outputs = 0;\n",
+                    new="    /* blockdraft: zeroed once, when allocated (above) */\n    lctx.n_outputs = 0;\n",
+                    why="the logits buffer is no longer zeroed at every decode"),
+        SourcePatch("src/llama.cpp",
+                    old=('            LLAMA_LOG_ERROR("%s: failed to allocate output buffer of size %.2f MiB\\n", __func__, '
+                         'new_size / (1024.0 * 1024.0));\n            return 0;\n        }\n'),
+                    new=('            LLAMA_LOG_ERROR("%s: failed to allocate output buffer of size %.2f MiB\\n", __func__, '
+                         'new_size / (1024.0 * 1024.0));\n            return 0;\n        }\n'
+                         '        ggml_backend_buffer_clear(lctx.buf_output, 0); /* blockdraft: once, when allocated */\n'),
+                    why="it is zeroed once, when allocated (as llama.cpp does)"),
+    ))
 SOURCES = {source.name: source for source in (LLAMACPP, IK_LLAMACPP)}
 # the reference engine's pins, as the rest of the package names them
 VERSION, PACKAGE = LLAMACPP.version, LLAMACPP.package
@@ -192,8 +230,10 @@ def _release_candidates(source: EngineSource = LLAMACPP) -> list[Path]:
 
 def _verified(build: LlamaCppBuild) -> bool:
     """A marker whose decode check passed, and the binaries it was written for."""
-    check = build.marker().get("decode_check")
-    return isinstance(check, dict) and check.get("passed") is True and all(_runnable(build.binary(b)) for b in BINARIES)
+    marker = build.marker()
+    check = marker.get("decode_check")
+    return (isinstance(check, dict) and check.get("passed") is True and marker.get("patches") == build.source.patch_id
+            and all(_runnable(build.binary(b)) for b in BINARIES))
 
 
 def _runnable(binary: Path) -> bool:
@@ -445,6 +485,23 @@ def binary_versions(release: Path, source: EngineSource = LLAMACPP) -> dict[str,
     return versions
 
 
+def apply_patches(tree: Path, source: EngineSource, log: Callable[[str], None]) -> None:
+    """Apply `source.patches` to the extracted tree, each once: a patch whose `new` text (which names blockdraft)
+    is there is already applied; one whose `old` is not there exactly once is an error (another source than the
+    pinned one)."""
+    for patch in source.patches:
+        path = tree / patch.path
+        text = path.read_text()
+        if patch.new in text:
+            continue
+        if text.count(patch.old) != 1:
+            raise EngineError(f"{source.name}'s {patch.path} does not hold the text blockdraft patches exactly once "
+                              f"({text.count(patch.old)} times): not the pinned {source.package}=={source.version}? "
+                              f"Delete {tree} and run `blockdraft engines build {source.name}` again")
+        path.write_text(text.replace(patch.old, patch.new))
+        log(f"patched {patch.path}: {patch.why}")
+
+
 def write_marker(release: Path, flags: tuple[str, ...], versions: dict[str, str], check: dict,
                  native_check: dict | None = None, source: EngineSource = LLAMACPP) -> dict:
     """The marker that makes the build found: its flags, its binaries' versions and the check it passed
@@ -453,6 +510,8 @@ def write_marker(release: Path, flags: tuple[str, ...], versions: dict[str, str]
               "sdist_sha256": source.sdist_sha256, "cmake_flags": list(flags),
               "native": "-DGGML_NATIVE=OFF" not in flags, "binaries": versions,
               "bin_dir": str(LlamaCppBuild(release, source).bin_dir), "decode_check": check}
+    if source.patches:
+        marker["patches"] = source.patch_id
     if native_check is not None:
         marker["native_check"] = native_check
     (release / (MARKER + ".partial")).write_text(json.dumps(marker, indent=2) + "\n")
@@ -493,6 +552,7 @@ def build_llamacpp(*, jobs: int | None = None, force: bool = False,
         _check_disk(NEEDED_DISK if not (tree / "CMakeLists.txt").is_file() else NEEDED_DISK // 2, source)
     if not (tree / "CMakeLists.txt").is_file():
         extract(fetch_sdist(log, source), log, source)
+    apply_patches(tree, source, log)
     native = source.native_flags
     flags = configured_flags(release, source) or native  # a machine that needed the fallback keeps it
     jobs = jobs or os.cpu_count() or 1

@@ -93,3 +93,37 @@ def test_choose_times_every_built_engine_and_writes_the_record(home, monkeypatch
     assert record["engine"] == "ik_llama.cpp"
     assert json.loads(llamacpp.choice_path().read_text())["seconds"]["llama.cpp"]["8"] == 0.126
     assert "ik_llama.cpp" in choose.choice_sentence(record)
+
+
+def test_source_patches_apply_once_and_a_build_without_them_is_not_found(home, tmp_path):
+    """ik_llama.cpp's source is patched before its build (its logits buffer zeroed at allocation, not at every
+    decode); the marker records the patches, and a build whose marker lacks them is not the verified build."""
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    original = "int x;\n" + "".join(patch.old for patch in IK_LLAMACPP.patches) + "int y;\n"
+    (tree / "src" / "llama.cpp").write_text(original)
+    said = []
+    llamacpp.apply_patches(tree, IK_LLAMACPP, said.append)
+    patched = (tree / "src" / "llama.cpp").read_text()
+    assert patched != original and len(said) == len(IK_LLAMACPP.patches)
+    assert "    ggml_backend_buffer_clear(lctx.buf_output, 0);\n\n    lctx.n_outputs = 0;\n" not in patched
+    assert patched.count("ggml_backend_buffer_clear(lctx.buf_output, 0); /* blockdraft") == 1
+    llamacpp.apply_patches(tree, IK_LLAMACPP, said.append)  # a second build: nothing applied twice
+    assert (tree / "src" / "llama.cpp").read_text() == patched and len(said) == len(IK_LLAMACPP.patches)
+    (tree / "src" / "llama.cpp").write_text("int x;\n")  # another source than the pinned one
+    with pytest.raises(EngineError, match="exactly once"):
+        llamacpp.apply_patches(tree, IK_LLAMACPP, said.append)
+    assert LLAMACPP.patch_id is None and len(IK_LLAMACPP.patch_id) == 16
+
+    release = llamacpp.release_dir(IK_LLAMACPP)
+    for name in llamacpp.BINARIES:
+        binary = llamacpp.build_dir(release, IK_LLAMACPP) / "bin" / name
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\n")
+        binary.chmod(0o755)
+    marker = {"decode_check": {"passed": True}}
+    (release / llamacpp.MARKER).write_text(json.dumps(marker))  # built before the patches
+    with pytest.raises(EngineError, match="engines build ik_llama.cpp"):
+        llamacpp.find_llamacpp(IK_LLAMACPP)
+    (release / llamacpp.MARKER).write_text(json.dumps({**marker, "patches": IK_LLAMACPP.patch_id}))
+    assert llamacpp.find_llamacpp(IK_LLAMACPP).release == release

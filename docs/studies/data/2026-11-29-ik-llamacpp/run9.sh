@@ -8,7 +8,7 @@ set -euo pipefail
 S=${S:-$HOME/.cache/blockdraft/studies/ik}; N=${N:-10}; NEW=${NEW:-96}; THREADS=${THREADS:-2}
 HERE=$(cd "$(dirname "$0")" && pwd)
 F=$HOME/.cache/blockdraft/gguf/qwen2.5-coder-1.5b-instruct.gguf
-name=bench-ik-server
+name=${NAME:-bench-ik-server}
 BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp python -m blockdraft bench --target "$F" --threads "$THREADS" \
   --dataset humaneval gsm8k "alpaca=$HERE/general.jsonl" --n "$N" --max-new-tokens "$NEW" --out "$S/$name" \
   --method ar lookup "llamacpp,gguf=$F" "llamacpp,gguf=$F,engine=ik_llama.cpp" "llamacpp:ngram-mod,gguf=$F" \
