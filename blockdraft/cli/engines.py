@@ -47,6 +47,9 @@ def cmd_engines_status(args: argparse.Namespace) -> int:
     if state["verified"]:
         print(f"  {'native' if marker.get('native') else 'portable'} build: {' '.join(marker.get('cmake_flags', []))}")
         print(f"  {check_sentence(marker['decode_check'])}")
+        if marker.get("patches"):
+            print(f"  source patched before the build ({marker['patches']}): "
+                  + "; ".join(patch.why for patch in SOURCES[state["engine"]].patches))
         if isinstance(marker.get("native_check"), dict):
             print(f"  the native build before it: {check_sentence(marker['native_check'])}")
     if not state["verified"]:
