@@ -332,7 +332,8 @@ def _fake_build(home, engine="llama.cpp"):
         binary.parent.mkdir(parents=True, exist_ok=True)
         binary.write_text("#!/bin/sh\nexit 0\n")
         binary.chmod(0o755)
-    (release / llamacpp.MARKER).write_text(json.dumps({"decode_check": {"passed": True}}))
+    marker = {"decode_check": {"passed": True}, **({"patches": source.patch_id} if source.patches else {})}
+    (release / llamacpp.MARKER).write_text(json.dumps(marker))
 
 
 def _kept_gguf(home, name):
