@@ -185,3 +185,24 @@ def targets():
 @pytest.fixture(scope="module")
 def trained(targets):
     return {arch: trained_drafter(target, block_size=8) for arch, target in targets.items()}
+
+
+def fake_engine_build(engine: str = "llama.cpp", *, patched: bool = True):
+    """A build folder under $BLOCKDRAFT_HOME that `find_llamacpp` accepts (a marker whose decode check passed,
+    executable binaries), built from nothing; `patched=False` leaves the source's patch id out of the marker."""
+    import json
+
+    from blockdraft.engines import llamacpp
+
+    source = llamacpp.SOURCES[engine]
+    release = llamacpp.release_dir(source)
+    for name in llamacpp.BINARIES:
+        binary = llamacpp.build_dir(release, source) / "bin" / name
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        binary.write_text("#!/bin/sh\nexit 0\n")
+        binary.chmod(0o755)
+    marker = {"decode_check": {"passed": True}}
+    if patched and source.patches:
+        marker["patches"] = source.patch_id
+    (release / llamacpp.MARKER).write_text(json.dumps(marker))
+    return release

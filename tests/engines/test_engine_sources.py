@@ -9,6 +9,7 @@ import pytest
 
 from blockdraft.engines import choose, llamacpp
 from blockdraft.engines.llamacpp import IK_LLAMACPP, LLAMACPP, EngineError
+from helpers import fake_engine_build
 
 
 @pytest.fixture
@@ -115,15 +116,8 @@ def test_source_patches_apply_once_and_a_build_without_them_is_not_found(home, t
         llamacpp.apply_patches(tree, IK_LLAMACPP, said.append)
     assert LLAMACPP.patch_id is None and len(IK_LLAMACPP.patch_id) == 16
 
-    release = llamacpp.release_dir(IK_LLAMACPP)
-    for name in llamacpp.BINARIES:
-        binary = llamacpp.build_dir(release, IK_LLAMACPP) / "bin" / name
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        binary.write_text("#!/bin/sh\n")
-        binary.chmod(0o755)
-    marker = {"decode_check": {"passed": True}}
-    (release / llamacpp.MARKER).write_text(json.dumps(marker))  # built before the patches
+    fake_engine_build("ik_llama.cpp", patched=False)  # built before the patches
     with pytest.raises(EngineError, match="engines build ik_llama.cpp"):
         llamacpp.find_llamacpp(IK_LLAMACPP)
-    (release / llamacpp.MARKER).write_text(json.dumps({**marker, "patches": IK_LLAMACPP.patch_id}))
+    release = fake_engine_build("ik_llama.cpp")
     assert llamacpp.find_llamacpp(IK_LLAMACPP).release == release

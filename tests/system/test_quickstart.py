@@ -11,7 +11,7 @@ from blockdraft.quickstart import (BENCH_TOKENS, STEPS_PER_CONVERSATION, Plan, T
 from blockdraft.devices import native_bf16
 from blockdraft.quickstart_llamacpp import llamacpp_rows
 from chat_fixtures import save_tiny_chat_model
-from helpers import write_chat_jsonl
+from helpers import fake_engine_build, write_chat_jsonl
 
 
 @pytest.mark.slow
@@ -321,19 +321,8 @@ def test_stage_time_goes_to_the_later_stages_by_share_or_by_need():
 # ---------------------------------------------------------------------------------------------- llama.cpp's rows
 
 def _fake_build(home, engine="llama.cpp"):
-    """A build folder `find_llamacpp` accepts (a marker whose decode check passed, executable binaries), built
-    from nothing."""
-    from blockdraft.engines import llamacpp
-
-    source = llamacpp.SOURCES[engine]
-    release = llamacpp.release_dir(source)
-    for name in llamacpp.BINARIES:
-        binary = llamacpp.build_dir(release, source) / "bin" / name
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        binary.write_text("#!/bin/sh\nexit 0\n")
-        binary.chmod(0o755)
-    marker = {"decode_check": {"passed": True}, **({"patches": source.patch_id} if source.patches else {})}
-    (release / llamacpp.MARKER).write_text(json.dumps(marker))
+    """A build folder `find_llamacpp` accepts, built from nothing (under `home`, $BLOCKDRAFT_HOME here)."""
+    return fake_engine_build(engine)
 
 
 def _kept_gguf(home, name):
