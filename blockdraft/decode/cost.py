@@ -17,8 +17,9 @@ E_k / cost (`best_prefix`; ties go to the shorter). Four choices read it, each w
   bucket kept across prompts, and a k >= 1 only where it beats the plain step (`worth_verifying`).
 Each reads only what is known before the tokens it keeps are checked, so each stays lossless.
 
-`VerifyCost` is t_R(k), timed on this machine once per target at a few row counts and pass lengths
-(`timed_costs`, kept while the target lives) and interpolated linearly between them; `observe` re-times it
+`VerifyCost` is t_R(k), timed on this machine once per target at a few row counts and at every pass length
+up to 17 tokens, sparser beyond (`timed_costs`, kept while the target lives; `k_points` says why) and
+interpolated linearly between them; `observe` re-times it
 from the passes a run makes (the schedule feeds it every round). The width rule
 reads it at its round's R; the measured tree budget, chosen row by row, through `TargetVerifyCost`,
 which times more row counts the first time a round has more rows than it covers.
@@ -79,9 +80,18 @@ def row_points(max_rows: int) -> list[int]:
     return sorted({1, 2, 4, 8, 16, max_rows} & set(range(1, max_rows + 1)))
 
 
+DENSE_K = 16  # every k up to here is timed: a CPU kernel's cost is a staircase in the pass's length
+
+
 def k_points(max_k: int) -> list[int]:
-    """The proposal counts k timed (a pass over k + 1 tokens) up to `max_k` (others are interpolated)."""
-    return sorted({0, 1, 2, 3, 5, 8, 12, 16, 24, 32, 48, 64, max_k} & set(range(max_k + 1)))
+    """The proposal counts k timed (a pass over k + 1 tokens) up to `max_k`; others are interpolated. Every k up
+    to `DENSE_K`, where a CPU's verify cost is no smooth curve: its kernels take rows in blocks, so one token more
+    can cost a block more, and a pass that fills a block can cost less than a shorter one (the 1.5B Q4_K_M at 2
+    threads on llama.cpp 11434: 16 tokens 7.3-7.8 one-token steps, 15 tokens 9.4-9.5; on ik_llama.cpp 9 tokens
+    0.4-0.5 steps over 8, where each token before added 0.3: docs/studies/2026-11-29-ik-llamacpp.md). Beyond it,
+    both sides of each multiple of 8 tokens (k = 8m - 1 and 8m), where such steps fall."""
+    beyond = {k for m in (3, 4, 6, 8) for k in (8 * m - 1, 8 * m)}
+    return sorted((set(range(DENSE_K + 1)) | beyond | {max_k}) & set(range(max_k + 1)))
 
 
 @dataclass

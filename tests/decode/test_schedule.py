@@ -182,16 +182,16 @@ def test_the_bound_reads_every_verification_and_the_mean_the_recent_ones(monkeyp
 
 
 def test_retiming_moves_the_curve():
-    cost = VerifyCost(curve_table(lambda rows, k: 1.0 + 0.1 * k, 1, 8), 1, 8)
+    cost = VerifyCost(curve_table(lambda rows, k: 1.0 + 0.1 * k, 1, 24), 1, 24)
     assert cost(3) == pytest.approx(1.3)
     cost.observe(3, 2.3)  # k = 3 is a timed point: an EMA step of 0.2
     assert cost(3) == pytest.approx(1.3 + 0.2 * 1.0)
     for _ in range(40):
         cost.observe(3, 2.3)
     assert cost(3) == pytest.approx(2.3, abs=0.01) and cost(1) == pytest.approx(1.1)  # other points unmoved
-    before = (cost(5), cost(8))
-    cost.observe(6, 10.0)  # between 5 and 8: both move, by their weights; the error is clipped to +100%
-    assert cost(5) > before[0] and cost(8) > before[1] and cost(6) < 2 * 1.6 + 1e-9
+    before = (cost(16), cost(23))
+    cost.observe(20, 10.0)  # between the timed 16 and 23: both move, by their weights; the error is clipped to +100%
+    assert cost(16) > before[0] and cost(23) > before[1] and cost(20) < 2 * 3.0 + 1e-9
     cost.observe(0, 0.0)  # a non-positive time is no measurement
     assert cost(0) == pytest.approx(1.0)
 

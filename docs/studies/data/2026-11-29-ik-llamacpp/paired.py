@@ -8,8 +8,9 @@ import sys
 import numpy as np
 
 results, base = sys.argv[1], sys.argv[2]
-records = {(r["dataset"], r["prompt_id"], r["method"]): r for r in json.load(open(results))["records"]}
-methods = sorted({key[2] for key in records}, key=lambda m: (m != base, m))
+records = {(r["dataset"], r["prompt_id"], r.get("turn", 0), r["method"]): r for r in json.load(open(results))["records"]}
+datasets = sorted({key[0] for key in records})  # an MT-Bench prompt's turns are paired turn by turn
+methods = sorted({key[3] for key in records}, key=lambda m: (m != base, m))
 rng = np.random.default_rng(0)
 
 
@@ -18,8 +19,8 @@ def speed(method, prompts):
     return sum(len(r["tokens"]) for r in rs) / sum(r["decode_s"] for r in rs)
 
 
-for dataset in ["humaneval", "gsm8k", "alpaca", None]:
-    prompts = sorted({k[:2] for k in records if dataset is None or k[0] == dataset})
+for dataset in [*datasets, None]:
+    prompts = sorted({k[:3] for k in records if dataset is None or k[0] == dataset})
     print(f"## {dataset or 'all'} ({len(prompts)} prompts)")
     for method in methods:
         point = speed(method, prompts) / speed(base, prompts)

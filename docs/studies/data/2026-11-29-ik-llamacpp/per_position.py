@@ -2,7 +2,7 @@
 lies below the maximum of the target's one-token step on the output's own prefix (0 = the target's own choice).
 Run with the engine the bench used: BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp python per_position.py F.gguf results.json
 (THREADS=1 on a core shared with another job: llama.cpp's spinning threads slow to a crawl on a busy core;
-METHODS=ar,lookup checks only those methods' records).
+METHODS="ar;lookup" checks only those methods' records).
 Prints, per method, the positions checked, how many are not the argmax, and the largest shortfall; and for each
 method the top-2 gap of the one-token step at those positions (a near tie is where pass shapes may disagree)."""
 import json
@@ -21,7 +21,7 @@ from lossless import shortfalls, teacher_forced_logits  # noqa: E402
 
 gguf, results = sys.argv[1], sys.argv[2]
 sets = {"humaneval": None, "gsm8k": None,
-        "alpaca": str(__import__("pathlib").Path(results).parents[1] / "general.jsonl")}
+        "alpaca": os.environ.get("GENERAL", str(__import__("pathlib").Path(__file__).parent / "general.jsonl"))}
 target = blockdraft.load_target(gguf, threads=int(os.environ.get("THREADS", 2)))
 records = json.load(open(results))["records"]
 prompts = {}
@@ -33,7 +33,7 @@ for r in records:
     key = (r["dataset"], r["prompt_id"])
     if key not in prompts or r.get("turn", 0) != 0 or r["method"].startswith("llamacpp"):
         continue
-    if os.environ.get("METHODS") and r["method"] not in os.environ["METHODS"].split(","):
+    if os.environ.get("METHODS") and r["method"] not in os.environ["METHODS"].split(";"):
         continue
     ids = torch.tensor([render_chat(target.tokenizer, [{"role": "user", "content": prompts[key].turns[0]}])])
     tokens = r["tokens"]

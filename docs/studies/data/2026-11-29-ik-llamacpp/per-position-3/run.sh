@@ -7,4 +7,4 @@ for e in ik_llama.cpp llama.cpp; do
   echo "$e rc=$? $(( $(date +%s) - start )) s" >> /tmp/prof/pp.log
 done
 # and on run7's outputs (the shipped rule), ik_llama.cpp, `ar` and `lookup` only:
-#   THREADS=1 METHODS=ar,lookup BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp taskset -c 0 python $H/per_position.py $F $H/bench-confidence/results.json > bench-confidence.txt
+#   THREADS=1 METHODS="ar;lookup" BLOCKDRAFT_GGUF_ENGINE=ik_llama.cpp taskset -c 0 python $H/per_position.py $F $H/bench-confidence/results.json > bench-confidence.txt
