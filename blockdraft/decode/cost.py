@@ -75,6 +75,19 @@ def shortest_worth_verifying(expected: Sequence[float], costs: Sequence[float], 
     return int(passing[0]) + 1 if len(passing) else 0
 
 
+def affordable_probe(upper: Sequence[float], mean: Sequence[float], costs: Sequence[float], plain_cost: float,
+                     max_loss: float) -> int:
+    """The k an exploring round verifies (`decode/schedule.py`): the shortest k >= 1 that passes
+    `worth_verifying`'s test on the optimistic upper[k] and whose expected loss on the means is at most `max_loss`
+    tokens, the loss being what plain steps would commit in the round's time, costs[k] * mean[0] / plain_cost,
+    less mean[k]; 0 when none does."""
+    upper, mean, costs = (np.asarray(x, dtype=np.float64) for x in (upper, mean, costs))
+    passing = upper[1:] / costs[1:] > float(upper[0]) / plain_cost
+    affordable = costs[1:] * float(mean[0]) / plain_cost - mean[1:] <= max_loss
+    found = np.nonzero(passing & affordable)[0]
+    return int(found[0]) + 1 if len(found) else 0
+
+
 def row_points(max_rows: int) -> list[int]:
     """The row counts timed for a run of at most `max_rows` rows (others are interpolated)."""
     return sorted({1, 2, 4, 8, 16, max_rows} & set(range(1, max_rows + 1)))

@@ -8,7 +8,7 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import schedule as schedule_module
-from blockdraft.decode.cost import (VerifyCost, best_prefix, k_points, row_points, shortest_worth_verifying,
+from blockdraft.decode.cost import (VerifyCost, affordable_probe, best_prefix, k_points, row_points, shortest_worth_verifying,
                                      worth_verifying)
 from blockdraft.decode.proposal import Proposal
 from blockdraft.decode.schedule import OPTIMISM, Schedule, SlotCounts, schedule_for
@@ -109,14 +109,49 @@ def test_an_exploring_round_verifies_at_most_twice_the_deepest_slot_its_bucket_h
     kept = schedule.cut_round([chain(32, bucket)])[0]
     assert kept.tokens.numel() <= 4 and schedule.choices[0].k <= 4  # now at most twice the 2 slots it has seen
     assert kept.tokens.numel() == shortest_worth_verifying(upper[:5], costs[:5], plain)
-    # negative control: without the cap (growth unbounded) the same round probes the long draft
+    # negative control: without the cap (growth unbounded, any expected loss) the same round probes the long draft
     monkeypatch.setattr(schedule_module, "PROBE_GROWTH", 10**6)
+    monkeypatch.setattr(schedule_module, "EXPLORE_LOSS", float("inf"))
     assert schedule.cut_round([chain(32, bucket)])[0].tokens.numel() == unbounded
     # a bucket whose 8 slots stood may probe 16
     monkeypatch.undo()
     teach(schedule.counts(("context", 8)), 0.8, 8, 40, seed=6)
     assert schedule._probe_depth([chain(32, ("context", 8))]) == 16
     assert schedule._probe_depth([chain(32, ("corpus", 1))]) == 2  # never seen: at most 2
+
+
+def test_an_exploring_round_risks_at_most_one_plain_step_on_the_means(monkeypatch):
+    # the bucket above with no depth cap: its upper bounds pay first at k = 13 (7 steps on llama.cpp's curve), where
+    # its means expect 2.5 tokens: a probe that loses 4.5 plain steps' tokens is not made (GSM8K on llama.cpp's
+    # kernels explored such drafts 18 times in 12 prompts: docs/studies/2026-11-29-ik-llamacpp.md)
+    stock_ks, stock_steps = [0, 1, 3, 7, 15, 31], [1.0, 1.7, 2.65, 6.0, 7.0, 12.5]
+    schedule = schedule_at(lambda rows, k: rows * float(np.interp(k, stock_ks, stock_steps)), 32)
+    monkeypatch.setattr(schedule_module, "PROBE_GROWTH", 10**6)
+    bucket, shape = ("context", 4), [list(range(1, 33))]
+    counts = schedule.counts(bucket)
+    counts.reached, counts.accepted = np.array([10.0, 3.0]), np.array([3.0, 3.0])
+    counts.seen = counts.reached.copy()
+    means = schedule._expected([chain(32, bucket)], shape, 32, None)
+    upper = schedule._expected([chain(32, bucket)], shape, 32, OPTIMISM)
+    costs, plain = schedule.cost.curve(1)[np.arange(33)], schedule.cost(0, 1)
+    long_probe = shortest_worth_verifying(upper, costs, plain)
+    assert long_probe > 8 and costs[long_probe] / plain - means[long_probe] > 4
+    assert affordable_probe(upper, means, costs, plain, 1.0) == 0
+    assert schedule.cut_round([chain(32, bucket)])[0].tokens.numel() == 0 and not schedule.choices[0].explore
+    monkeypatch.setattr(schedule_module, "EXPLORE_LOSS", float("inf"))  # negative control: the long probe is made
+    assert schedule.cut_round([chain(32, bucket)])[0].tokens.numel() == long_probe and schedule.choices[0].explore
+    # a bucket never seen still probes, with the shortest draft its bound lets pay (its means lose < 1 step there)
+    monkeypatch.undo()
+    assert schedule.cut_round([chain(32, ("corpus", 2))])[0].tokens.numel() >= 1 and schedule.choices[0].explore
+
+
+def test_upper_bounds_stay_finite_where_every_slot_stood():
+    # copies accepted whole: each deeper slot's prior is centred on a mean ever nearer 1, until it is 1.0 in floats
+    counts = SlotCounts()
+    for _ in range(200):
+        counts.observe(32, 32)
+    upper = counts.acceptance(32, OPTIMISM)
+    assert np.isfinite(upper).all() and (upper > 0.9).all()
 
 
 def test_the_schedule_drafts_only_where_some_upper_bound_pays_for_the_drafting():

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Fifth session: the per-position check (per_position.py: every emitted token against the one-token step on its own
-# prefix, on the engine the bench used) of run10's outputs and of the timed-points before/after runs (HumanEval,
-# GSM8K, general questions; MT-Bench's second turns are not re-rendered by the script). Not timed.
+# prefix, on the engine the bench used) of run10's 1.5B outputs and of the before/after runs of the timed points
+# and of the exploring-loss cap (HumanEval, GSM8K, general questions; MT-Bench is not re-rendered by the script).
 set -uo pipefail
 H=$(cd "$(dirname "$0")/.." && pwd); G=$HOME/.cache/blockdraft/gguf
 check() {  # engine gguf results out methods
@@ -9,8 +9,8 @@ check() {  # engine gguf results out methods
   echo "$4 rc=$?"
 }
 check ik_llama.cpp qwen2.5-coder-1.5b-instruct.gguf bench-patched-1.5b/results.json bench-patched-1.5b "ar;lookup"
-check ik_llama.cpp qwen2.5-coder-0.5b-instruct-as-llama.gguf bench-patched-0.5b/results.json bench-patched-0.5b \
-  "ar;lookup;hybrid:lookup+dflash=qwen2.5-coder-0.5b-instruct-dflash-b8"
+check llama.cpp qwen2.5-coder-1.5b-instruct.gguf staircase/bench-points-llama.cpp/results.json bench-points-llama.cpp \
+  "lookup;lookup,ngram=3"
 for e in llama.cpp ik_llama.cpp; do
-  check $e qwen2.5-coder-1.5b-instruct.gguf staircase/bench-points-$e/results.json bench-points-$e "lookup;lookup,ngram=3"
+  check $e qwen2.5-coder-1.5b-instruct.gguf explore-loss/bench-loss-$e/results.json bench-loss-$e "lookup;lookup,ngram=3"
 done
