@@ -69,10 +69,8 @@ def worth_verifying(expected: Sequence[float], costs: Sequence[float], plain_cos
 
 def shortest_worth_verifying(expected: Sequence[float], costs: Sequence[float], plain_cost: float) -> int:
     """The shortest k >= 1 whose expected[k] / costs[k] beats the plain step (`worth_verifying`'s test), 0 if none:
-    the k an exploring round verifies (`decode/schedule.py`)."""
-    rates = np.asarray(expected, dtype=np.float64) / np.asarray(costs, dtype=np.float64)
-    passing = np.nonzero(rates[1:] > float(expected[0]) / plain_cost)[0]
-    return int(passing[0]) + 1 if len(passing) else 0
+    `affordable_probe` with no limit on the loss."""
+    return affordable_probe(expected, expected, costs, plain_cost, float("inf"))
 
 
 def affordable_probe(upper: Sequence[float], mean: Sequence[float], costs: Sequence[float], plain_cost: float,

@@ -8,8 +8,8 @@ import torch
 import blockdraft
 from blockdraft.config import ConfigError, SamplingConfig
 from blockdraft.decode import schedule as schedule_module
-from blockdraft.decode.cost import (VerifyCost, affordable_probe, best_prefix, k_points, row_points, shortest_worth_verifying,
-                                     worth_verifying)
+from blockdraft.decode.cost import (VerifyCost, affordable_probe, best_prefix, k_points, row_points,
+                                     shortest_worth_verifying, worth_verifying)
 from blockdraft.decode.proposal import Proposal
 from blockdraft.decode.schedule import OPTIMISM, Schedule, SlotCounts, schedule_for
 from blockdraft.drafter_spec import BuildContext, build_drafter, parse_spec
