@@ -199,9 +199,6 @@ class TrainConfig:
             raise ConfigError(f"objective {', '.join(online_only)} needs the target's full logits, which the feature "
                               "cache does not store (it keeps the top-k log-probabilities that kl, kl_decay and "
                               "dpakl read); use features=online")
-        if self.labels != "regenerated" and self.heads:
-            raise ConfigError(f"labels={self.labels} trains the backbone; head objectives read the text's own "
-                              "tokens: use labels=regenerated with heads")
         if self.cache_topk is not None and (isinstance(self.cache_topk, bool) or self.cache_topk < 0):
             raise ConfigError(f"cache_topk must be >= 0 (0 = features only) or null, got {self.cache_topk}")
         if self.features == "cached" and self.cache_topk == 0 and self.needs_teacher():

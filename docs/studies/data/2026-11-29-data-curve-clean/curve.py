@@ -16,6 +16,12 @@ pause and resume all of the work, and nothing here reads a wall-clock deadline.
       score:N | score:shipped | score:previous
                                    held-out counts of runs/nN/final, of the drafter shipped now, or of the one
                                    shipped before it (drafters/previous, from git) -> score-*.json
+      arm:NAME                     one arm of the seeds' claims (ARMS below): the recipe with one change, trained
+                                   on the first ARM_SIZE (default 400) training conversations for as many steps as
+                                   the curve's point of that size (STEPS_PER_CONVERSATION x ARM_SIZE), into
+                                   runs/arm-NAME, then scored -> score-arm-NAME.json. `dpace` is the recipe itself:
+                                   the curve's own point of that size (train:ARM_SIZE), re-scored with the arms'
+                                   per-slot counts
 
 S holds recipe.json, split.json, features/ (one cache, in the split's order: the held-out conversations first,
 then the training order, whose first 100 / 200 / 400 / 1,600 / 6,400 are the sizes), runs/nN/ and the results:
@@ -23,8 +29,11 @@ then the training order, whose first 100 / 200 / 400 / 1,600 / 6,400 are the siz
                    stage stopped by SIGTERM / SIGINT writes its row too, with "stopped": true (a cache stage then
                    adds how far the cache got); a stage killed otherwise (SIGKILL, the machine) writes none
     cache-N.done   a finished cache size: sequences, tokens, disk bytes
-    score-*.json   per held-out conversation (its split id too): full blocks, accepted slots, slot-1 hits; and the
-                   expected tau with a 95% bootstrap interval over conversations
+    score-*.json   per held-out conversation (its split id too): full blocks, accepted slots, slot-1 hits, and
+                   `by_slot` (how many full blocks accepted at least k slots, k = 1..K); a drafter with slot heads
+                   adds the backbone's own counts (`base_*`), one with a candidate selector the selector's greedy
+                   choice (`sel_*`, what it drafts); and the expected tau with a 95% bootstrap interval over
+                   conversations
 """
 
 from __future__ import annotations
@@ -43,6 +52,19 @@ HELDOUT = int(os.environ.get("HELDOUT", "200"))
 STEPS_PER_CONVERSATION = int(os.environ.get("STEPS_PER_CONVERSATION", "10"))
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "2000"))  # held-out evaluations during training (cost, not learning)
 SHIPPED = "qwen2.5-coder-0.5b-instruct-dflash-b8"
+ARM_SIZE = int(os.environ.get("ARM_SIZE", "400"))
+# The claims' arms: each is the recipe (D-PACE, one layer, B = 8) with these fields changed, nothing else.
+ARMS = {
+    "dpace": {},
+    "decay": {"objective": "decay"},
+    "dpace_cumulative": {"objective": "dpace_cumulative"},
+    "dpace_continuation": {"objective": "dpace_continuation"},
+    "auf": {"objective": "auf"},
+    "markov": {"heads": {"markov": {"rank": 256, "variant": "linear"}}},  # DSpark's head, trained with the backbone
+    "dflash2": {"arch": "dflash2"},  # block convolutions + the candidate selector (rank 256, top 16, alpha 0.5)
+    "layers2": {"num_layers": 2},
+    "block16": {"block_size": 16},
+}
 
 
 class Stopped(BaseException):
@@ -114,25 +136,42 @@ def cache(S: Path, n: int, label: str) -> None:
                                   "disk_bytes": progress["disk_bytes"]}) + "\n")
 
 
-def train(S: Path, n: int) -> None:
-    out_dir = S / "runs" / f"n{n}"
+def train(S: Path, n: int, arm: str | None = None) -> None:
+    """The curve's point of size n (runs/nN), or a claims arm on n conversations (runs/arm-NAME)."""
+    out_dir = S / "runs" / (f"arm-{arm}" if arm else f"n{n}")
     if (out_dir / "final").is_dir():
         return
     cache(S, n, str(n))
-    stage(S, f"train-{n}", lambda: cli(["train", "--config", str(S / "recipe.json"), *overrides(S, n),
-                                        f"max_steps={STEPS_PER_CONVERSATION * n}", f"eval_every={EVAL_EVERY}",
-                                        f"out_dir={out_dir}", "--resume"]))
+    fields = [f"{key}={json.dumps(value) if isinstance(value, dict) else value}" for key, value in ARMS[arm].items()] if arm else []
+    stage(S, f"train-arm-{arm}" if arm else f"train-{n}",
+          lambda: cli(["train", "--config", str(S / "recipe.json"), *overrides(S, n), *fields,
+                       f"max_steps={STEPS_PER_CONVERSATION * n}", f"eval_every={EVAL_EVERY}",
+                       f"out_dir={out_dir}", "--resume"]))
+
+
+def arm(S: Path, name: str) -> None:
+    if name not in ARMS:
+        raise SystemExit(f"unknown arm {name!r}: {', '.join(ARMS)}")
+    if name == "dpace":  # the recipe itself: the curve's own point
+        train(S, ARM_SIZE)
+    else:
+        train(S, ARM_SIZE, name)
+    score(S, f"arm-{name}")
 
 
 @torch.no_grad()
 def heldout_counts(model, drafter, data, config, heldout_ids) -> list[dict]:
     """Per held-out conversation, `evaluate_heldout`'s blocks and labels (the same seeded anchors,
-    prefix-consistent labels): accepted slots over full blocks and slot-1 hits, for intervals."""
+    prefix-consistent labels): accepted slots over full blocks, how many full blocks accepted at least k slots,
+    slot-1 hits; for a drafter with slot heads also by the backbone's own logits (`base_`), for one with a
+    candidate selector by the selector's greedy choice (`sel_`, what it drafts)."""
     from blockdraft import acceptance
     from blockdraft.data.anchors import sample_anchors
+    from blockdraft.drafters.headed import HeadedDrafter
     from blockdraft.train.batch import teacher_forced_batch
 
     model.eval()
+    backbone = drafter.backbone if isinstance(drafter, HeadedDrafter) else drafter
     rows = []
     for index in data.heldout:
         input_ids, loss_mask, features, target_logits = data.get(index)
@@ -141,33 +180,46 @@ def heldout_counts(model, drafter, data, config, heldout_ids) -> list[dict]:
         if anchors.numel() == 0:
             continue
         teacher = data.teacher(index, input_ids, target_logits)
-        labels = data.block_labels(teacher, input_ids, loss_mask, anchors, drafter.max_proposals + 1,
+        labels = data.block_labels(teacher, input_ids, loss_mask, anchors, backbone.max_proposals + 1,
                                    "prefix_consistent")
         batch = teacher_forced_batch(drafter, input_ids, loss_mask, features, anchors, labels=labels, model=model,
                                      train_backbone=False, autocast=config.autocast(input_ids.device))
         full = batch.blocks.label_mask.bool().all(dim=1)
-        correct = (batch.draft_logits.argmax(-1) == batch.labels) & batch.mask.bool()
-        rows.append({"conversation": int(index), "id": heldout_ids[data.dataset.sources[index]],
-                     "blocks": int(full.sum()), "accepted": int(acceptance.first_error_index(correct)[full].sum()),
-                     "slot1_valid": int(batch.mask[:, 0].sum()), "slot1_correct": int(correct[:, 0].sum())})
+        valid = batch.mask.bool()
+        choices = {"": batch.draft_logits.argmax(-1)}  # (n, K)
+        if isinstance(drafter, HeadedDrafter):
+            choices["base_"] = batch.base_logits.argmax(-1)
+        if batch.selector_scores is not None:
+            choices["sel_"] = batch.selector_ids.gather(-1, batch.selector_scores.argmax(-1, keepdim=True))[..., 0]
+        row = {"conversation": int(index), "id": heldout_ids[data.dataset.sources[index]],
+               "blocks": int(full.sum()), "slot1_valid": int(valid[:, 0].sum())}
+        for prefix, choice in choices.items():
+            correct = (choice == batch.labels) & valid
+            depth = acceptance.first_error_index(correct)[full]  # accepted slots of each full block
+            row[prefix + "accepted"] = int(depth.sum())
+            row[prefix + "slot1_correct"] = int(correct[:, 0].sum())
+            row[prefix + "by_slot"] = [int((depth >= k).sum()) for k in range(1, correct.shape[1] + 1)]
+        rows.append(row)
     return rows
 
 
-def tau_with_interval(rows: list[dict], draws: int = 2000, seed: int = 0) -> dict:
+def tau_with_interval(rows: list[dict], draws: int = 2000, seed: int = 0, prefix: str = "") -> dict:
     def tau(sample):
-        return 1.0 + sum(r["accepted"] for r in sample) / max(1, sum(r["blocks"] for r in sample))
+        return 1.0 + sum(r[prefix + "accepted"] for r in sample) / max(1, sum(r["blocks"] for r in sample))
 
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randint(0, len(rows), (draws, len(rows)), generator=generator).tolist()
     taus = sorted(tau([rows[i] for i in pick]) for pick in picks)
-    return {"expected_tau": tau(rows), "ci95": [taus[int(0.025 * draws)], taus[int(0.975 * draws) - 1]],
-            "slot1_accuracy": sum(r["slot1_correct"] for r in rows) / max(1, sum(r["slot1_valid"] for r in rows)),
+    return {f"{prefix}expected_tau": tau(rows), f"{prefix}ci95": [taus[int(0.025 * draws)], taus[int(0.975 * draws) - 1]],
+            f"{prefix}slot1_accuracy": sum(r[prefix + "slot1_correct"] for r in rows) /
+            max(1, sum(r["slot1_valid"] for r in rows)),
             "conversations": len(rows), "blocks": sum(r["blocks"] for r in rows)}
 
 
 def score(S: Path, which: str) -> None:
-    """Held-out counts of runs/nN/final, the shipped drafter or the previous one on the split's held-out
-    conversations, read from the cache (they are its first rows)."""
+    """Held-out counts of runs/nN/final, a claims arm's (arm-NAME: runs/arm-NAME/final, or the curve's own
+    point for `dpace`), the shipped drafter or the previous one on the split's held-out conversations, read from
+    the cache (they are its first rows)."""
     out = S / f"score-{which}.json"
     if out.exists():
         return
@@ -175,6 +227,7 @@ def score(S: Path, which: str) -> None:
 
     def work():
         from blockdraft.checkpoints import load_drafter_model
+        from blockdraft.checkpoints.headed import attach_saved_heads
         from blockdraft.data.split import load_split
         from blockdraft.drafters.dflash import DFlashDrafter
         from blockdraft.targets import load_target
@@ -184,11 +237,17 @@ def score(S: Path, which: str) -> None:
 
         config = TrainConfig.load(S / "recipe.json", [*overrides(S, 1), "features=cached"])
         target = load_target(config.target, dtype=config.target_dtype, device="cpu")
-        path = {"shipped": SHIPPED, "previous": S / "drafters" / "previous"}.get(which) or S / "runs" / f"n{which}" / "final"
-        drafter = DFlashDrafter(load_drafter_model(path, dtype=torch.float32, device="cpu"), target)
-        data = TrainingData(config, target, tuple(drafter.target_layer_ids), Distributed.from_env(torch.device("cpu")))
-        rows = heldout_counts(drafter.model, drafter, data, config, load_split(S / "split.json").heldout_ids)
-        summary = {"drafter": str(path), **tau_with_interval(rows), "per_conversation": rows}
+        path = {"shipped": SHIPPED, "previous": S / "drafters" / "previous", "arm-dpace": S / "runs" / f"n{ARM_SIZE}" / "final"}.get(which) \
+            or S / "runs" / (which if which.startswith("arm-") else f"n{which}") / "final"
+        backbone = DFlashDrafter(load_drafter_model(path, dtype=torch.float32, device="cpu"), target)
+        drafter = attach_saved_heads(backbone, path, dtype=torch.float32) if backbone.config.extra.get("heads") else backbone
+        data = TrainingData(config, target, tuple(backbone.target_layer_ids), Distributed.from_env(torch.device("cpu")))
+        rows = heldout_counts(backbone.model, drafter, data, config, load_split(S / "split.json").heldout_ids)
+        extra = {}
+        for prefix in ("base_", "sel_"):
+            if prefix + "accepted" in rows[0]:
+                extra.update(tau_with_interval(rows, prefix=prefix))
+        summary = {"drafter": str(path), **tau_with_interval(rows), **extra, "per_conversation": rows}
         out.with_suffix(".tmp").write_text(json.dumps(summary) + "\n")
         out.with_suffix(".tmp").rename(out)
         print(f"[curve] score {which}: tau {summary['expected_tau']:.4f} {summary['ci95']}", flush=True)
@@ -263,9 +322,11 @@ def main(argv: list[str]) -> int:
             score(S, what)
         elif kind == "overlap":
             overlap(S)
+        elif kind == "arm":
+            arm(S, what)
         else:
             raise SystemExit(f"unknown step {step!r}: plan, cache:heldout, cache:N, train:N, overlap, "
-                             "score:N|shipped|previous")
+                             "score:N|shipped|previous, arm:NAME")
     print(f"[curve] steps done: {' '.join(steps)}", flush=True)
     return 0
 
