@@ -51,4 +51,16 @@ print(fixed_split('$S/split.json', find_data('sharegpt'), heldout=$HELDOUT)[0].s
 fi
 cp "$HERE/curve.py" "$HERE/overlap.py" "$S/"  # the steps, as this checkout has them
 [ $# -gt 0 ] || set -- $STEPS
+# The claims' arms (arm:NAME) run on a frozen copy of their own (code-arms/, code-arms.commit): the first one
+# that found code-arms/ missing archived this checkout's HEAD. The curve's training code (train/, losses/,
+# drafters/, data/) is the same in both copies; the arms' copy lets slot heads train on teacher-forced labels.
+case " $* " in *" arm:"*)
+  if [ ! -f "$S/code-arms.commit" ]; then
+    rm -rf "$S/code-arms" && mkdir -p "$S/code-arms"
+    commit=$(git -C "$REPO" rev-parse HEAD)
+    git -C "$REPO" archive "$commit" blockdraft | tar -x -C "$S/code-arms"
+    echo "$commit" > "$S/code-arms.commit"
+  fi
+  export PYTHONPATH=$S/code-arms;;
+esac
 exec $RUN python "$S/curve.py" "$S" "$@"
