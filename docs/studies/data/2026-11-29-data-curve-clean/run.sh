@@ -11,8 +11,8 @@
 # first, then the 400 point, then the one feature pass on towards 6,400 in the split's training order (first
 # 100 ⊂ 200 ⊂ 400 ⊂ 1,600 ⊂ 6,400), the 1,600 and 6,400 runs last.
 #
-# setup (once): a frozen copy of the code (git archive of HEAD, $S/code.commit), the recipe (the first curve's,
-# docs/studies/data/2026-11-27-data-curve/recipe.json), the `sharegpt` asset (fetched here), the split
+# setup (once): a frozen copy of the code (git archive of HEAD, $S/code.commit), the recipe ($RECIPE, default the
+# first curve's, docs/studies/data/2026-11-27-data-curve/recipe.json), the `sharegpt` asset (fetched here), the split
 # ($S/split.json, written once by data/split.py with HELDOUT=200 ids asked; its sha256 in $S/split.sha256), the
 # first curve's split (for overlap.py), the drafter shipped before the current one (drafters/previous, from git),
 # the CPU (cpu.txt). Then this script execs
@@ -24,6 +24,10 @@ S=${S:-$BLOCKDRAFT_HOME/studies/data-curve-clean}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=${REPO:-$(git -C "$HERE" rev-parse --show-toplevel)}
 OLD=$REPO/docs/studies/data/2026-11-27-data-curve
+# Another target's drafter on the same split: its own folder, recipe and feature cache, the split copied in
+# (issue 43's 1.5B drafter: S=$BLOCKDRAFT_HOME/studies/drafter-1.5b-clean RECIPE=$HERE/recipe-1.5b.json
+# SPLIT=$BLOCKDRAFT_HOME/studies/data-curve-clean/split.json run.sh cache:heldout cache:400 train:400 score:400).
+RECIPE=${RECIPE:-$OLD/recipe.json}
 CORE=${CORE:-1}
 export HELDOUT=${HELDOUT:-200} STEPS_PER_CONVERSATION=${STEPS_PER_CONVERSATION:-10} EVAL_EVERY=${EVAL_EVERY:-2000}
 STEPS=${STEPS:-"plan cache:heldout score:shipped score:previous overlap cache:400 train:400 score:400 cache:1600 cache:6400 train:1600 score:1600 train:6400 score:6400"}
@@ -35,7 +39,8 @@ if [ ! -f "$S/code.commit" ]; then
   rm -rf "$S/code" "$S/drafters" && mkdir -p "$S/code" "$S/drafters/previous"
   commit=$(git -C "$REPO" rev-parse HEAD)
   git -C "$REPO" archive "$commit" blockdraft | tar -x -C "$S/code"
-  cp "$OLD/recipe.json" "$S/recipe.json"
+  cp "$RECIPE" "$S/recipe.json"
+  [ -z "${SPLIT:-}" ] || cp "$SPLIT" "$S/split.json"  # the same held-out set as the curve's
   cp "$OLD/split.json" "$S/old-split.json"
   # the 0.5B drafter shipped before the first curve's 1,600 point replaced it (8c6c412)
   for f in config.json model.safetensors train_config.json README.md; do
