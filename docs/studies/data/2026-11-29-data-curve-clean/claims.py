@@ -47,6 +47,8 @@ CLAIMS = [
      "(DFlash 2 report: +21-28% acceptance)", 0.21),
     ("dflash2", "dpace", "DFlash 2's backbone argmax (without its selector) vs DFlash 1", None),
     ("layers2", "dpace", "capacity: 2 decoder layers vs 1 (no paper figure)", None),
+    ("steps20", "dpace", "budget: 20 steps a conversation vs the curve's 10 (not a claim: whether the curve's "
+     "points are trained to the end of what their data gives)", None),
     ("block16", "dpace", "capacity: block 16 vs block 8 (no paper figure; tau counts a 16-token block's accepted "
      "prefix)", None),
 ]

@@ -18,7 +18,8 @@ pause and resume all of the work, and nothing here reads a wall-clock deadline.
                                    shipped before it (drafters/previous, from git) -> score-*.json
       arm:NAME                     one arm of the seeds' claims (ARMS below): the recipe with one change, trained
                                    on the first ARM_SIZE (default 400) training conversations for as many steps as
-                                   the curve's point of that size (STEPS_PER_CONVERSATION x ARM_SIZE), into
+                                   the curve's point of that size (STEPS_PER_CONVERSATION x ARM_SIZE; `steps20`:
+                                   twice that, the recipe otherwise), into
                                    runs/arm-NAME, then scored -> score-arm-NAME.json. `dpace` is the recipe itself:
                                    the curve's own point of that size (train:ARM_SIZE), re-scored with the arms'
                                    per-slot counts
@@ -64,6 +65,8 @@ ARMS = {
     "dflash2": {"arch": "dflash2"},  # block convolutions + the candidate selector (rank 256, top 16, alpha 0.5)
     "layers2": {"num_layers": 2},
     "block16": {"block_size": 16},
+    # not a claim: twice the steps at the same data, whether 10 steps a conversation is the budget's end
+    "steps20": {"max_steps": 20 * ARM_SIZE},
 }
 
 
@@ -142,11 +145,11 @@ def train(S: Path, n: int, arm: str | None = None) -> None:
     if (out_dir / "final").is_dir():
         return
     cache(S, n, str(n))
-    fields = [f"{key}={json.dumps(value) if isinstance(value, dict) else value}" for key, value in ARMS[arm].items()] if arm else []
+    fields = {"max_steps": STEPS_PER_CONVERSATION * n, **(ARMS[arm] if arm else {})}
     stage(S, f"train-arm-{arm}" if arm else f"train-{n}",
-          lambda: cli(["train", "--config", str(S / "recipe.json"), *overrides(S, n), *fields,
-                       f"max_steps={STEPS_PER_CONVERSATION * n}", f"eval_every={EVAL_EVERY}",
-                       f"out_dir={out_dir}", "--resume"]))
+          lambda: cli(["train", "--config", str(S / "recipe.json"), *overrides(S, n),
+                       *(f"{key}={json.dumps(value) if isinstance(value, dict) else value}" for key, value in fields.items()),
+                       f"eval_every={EVAL_EVERY}", f"out_dir={out_dir}", "--resume"]))
 
 
 def arm(S: Path, name: str) -> None:

@@ -1,10 +1,12 @@
 """Collect what the clean data curve has measured into this folder (small files only; never the cache or weights):
 
-    python summarize.py [S] [OUT]      (S: $BLOCKDRAFT_HOME/studies/data-curve-clean, OUT: this folder)
+    python summarize.py [S] [OUT]      (S: $BLOCKDRAFT_HOME/studies/data-curve-clean, OUT: this folder; the 1.5B
+                                        drafter's: S=$BLOCKDRAFT_HOME/studies/drafter-1.5b-clean, OUT=drafter-1.5b/)
 
 Copies stages.jsonl, the split and its hash, plan.json, overlap.json, the cache markers, score-*.json, cpu.txt,
-code.commit, each run's train_config.json and metrics.jsonl (evaluations and every 100th step), the job's own log
-lines (no progress bars), and writes summary.json: per stage name its rows summed (wall, CPU); how far the one
+code.commit (and code-arms.commit, the claims' arms' code), each run's train_config.json and metrics.jsonl
+(evaluations and every 100th step; runs/nN and the arms' runs/arm-NAME), the job's own log lines (job.log, the
+arms' arms.log; no progress bars), and writes summary.json: per stage name its rows summed (wall, CPU); how far the one
 feature cache is (sequences, tokens, bytes; its rate per CPU-second over the cache stages); per run its steps,
 seconds a step and held-out evaluations; per score its tau and interval.
 """
@@ -26,17 +28,22 @@ def main(argv: list[str]) -> int:
     home = Path(os.environ.get("BLOCKDRAFT_HOME") or Path.home() / ".cache" / "blockdraft")
     S = Path(argv[0] if argv else home / "studies" / "data-curve-clean")
     out = Path(argv[1] if len(argv) > 1 else Path(__file__).parent)
-    for name in ("stages.jsonl", "split.json", "split.sha256", "code.commit", "recipe.json", "plan.json",
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("stages.jsonl", "split.json", "split.sha256", "code.commit", "code-arms.commit", "recipe.json",
+                 "plan.json",
                  "overlap.json", "cpu.txt", *(p.name for p in S.glob("cache-*.done")),
                  *(p.name for p in S.glob("score-*.json"))):
         if (S / name).exists():
             shutil.copy(S / name, out / name)
-    if (S / "job.log").exists():  # the job's own lines, without the progress bars
-        text = (S / "job.log").read_text(errors="replace").replace("\r", "\n")
+    for log, lines in (("job.log", "job-lines.log"), ("arms.log", "arms-lines.log")):
+        if not (S / log).exists():
+            continue
+        # the job's own lines, without the progress bars
+        text = (S / log).read_text(errors="replace").replace("\r", "\n")
         text = text.replace("features: probe", "\nfeatures: probe")
         keep = ("[curve]", "features: ", "data: ", "split: ", "training ", "draft vocabulary", "cache-features: ",
                 "train:", "blockdraft ", "Traceback", "  File", "{\"clean_heldout\"")
-        (out / "job-lines.log").write_text("".join(
+        (out / lines).write_text("".join(
             line + "\n" for line in text.splitlines()
             if line.startswith(keep) and not any(bar in line for bar in ("it/s", "s/it", "seq/s", "s/seq"))))
     stages = rows(S / "stages.jsonl")
@@ -61,7 +68,7 @@ def main(argv: list[str]) -> int:
                             "sequences_added_by_them": sequences, "cpu_s": cpu,
                             "tok_per_cpu_s": added / cpu if cpu else None,
                             "cpu_s_per_sequence": cpu / sequences if sequences else None}
-    for run in sorted((S / "runs").glob("n*")) if (S / "runs").exists() else []:
+    for run in sorted(p for p in (S / "runs").iterdir() if p.is_dir()) if (S / "runs").exists() else []:
         metrics = rows(run / "metrics.jsonl")
         (out / "runs" / run.name).mkdir(parents=True, exist_ok=True)
         kept = [r for r in metrics if "eval" in r or (r.get("step", 1) - 1) % 100 == 0]
