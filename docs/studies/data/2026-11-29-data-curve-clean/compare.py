@@ -154,7 +154,7 @@ def main() -> int:
     for a, b in pairs:
         row = {"clean_unseen": paired(clean[a], clean[b], unseen)}
         old_a, old_b = load(OLD, old_name.get(a, a), old_ids), load(OLD, old_name.get(b, b), old_ids)
-        if old_a is not None and old_b is not None:
+        if old_a is not None and old_b is not None and old_name.get(a, a) != old_name.get(b, b):
             row["old_all"] = paired(old_a, old_b, old_ids)
         out["paired"][f"{a} vs {b}"] = row
         lines.append(f"| {a} vs {b} | {pct(row['clean_unseen'])} | "
