@@ -78,7 +78,6 @@ def test_policies_and_soft_objectives_train(setup, tmp_path, changes):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows(tmp_path / "r"))
 
 
-
 @pytest.mark.parametrize("labels", ["teacher_forced", "prefix_consistent"])
 def test_a_markov_head_trains_with_the_backbone_on_labels_from_existing_text(setup, tmp_path, labels):
     # The claims' Markov arm: the recipe (D-PACE on cached teacher-forced labels) with a Markov head added.
@@ -88,6 +87,7 @@ def test_a_markov_head_trains_with_the_backbone_on_labels_from_existing_text(set
     assert saved["markov_head.markov_w2.weight"].abs().sum() > 0  # it starts at zero: the head learned
     evals = [r["eval"] for r in rows(tmp_path / labels) if "eval" in r]
     assert evals and evals[-1]["labels"] == "prefix_consistent" and evals[-1]["expected_tau"] >= 1
+
 
 def test_cached_and_online_teacher_labels_agree(setup, tmp_path):
     cached = train(make_config(setup, tmp_path / "cached", max_steps=2, cache_topk=4, objective="decay"))
