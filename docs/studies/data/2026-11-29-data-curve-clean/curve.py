@@ -13,9 +13,10 @@ pause and resume all of the work, and nothing here reads a wall-clock deadline.
                                    its last checkpoint, every 250 steps: `blockdraft train --resume`)
       overlap                      which held-out conversations each surviving drafter's training text touched
                                    (overlap.py -> overlap.json; reads the first curve's split, S/old-split.json)
-      score:N | score:shipped | score:previous
-                                   held-out counts of runs/nN/final, of the drafter shipped now, or of the one
-                                   shipped before it (drafters/previous, from git) -> score-*.json
+      score:N | score:shipped | score:NAME
+                                   held-out counts of runs/nN/final, of the drafter shipped now, or of a folder
+                                   drafters/NAME (`previous`: the one shipped before, from git; `recipe`: the
+                                   1.5B recipe's drafter, recipe-drafter.sh) -> score-*.json
       arm:NAME                     one arm of the seeds' claims (ARMS below): the recipe with one change, trained
                                    on the first ARM_SIZE (default 400) training conversations for as many steps as
                                    the curve's point of that size (STEPS_PER_CONVERSATION x ARM_SIZE; `steps20`:
@@ -221,8 +222,9 @@ def tau_with_interval(rows: list[dict], draws: int = 2000, seed: int = 0, prefix
 
 def score(S: Path, which: str) -> None:
     """Held-out counts of runs/nN/final, a claims arm's (arm-NAME: runs/arm-NAME/final, or the curve's own
-    point for `dpace`), the shipped drafter or the previous one on the split's held-out conversations, read from
-    the cache (they are its first rows)."""
+    point for `dpace`), the shipped drafter or a drafter folder under drafters/ (`previous`, the one shipped
+    before; `recipe`, another recipe's) on the split's held-out conversations, read from the cache (they are
+    its first rows)."""
     out = S / f"score-{which}.json"
     if out.exists():
         return
@@ -240,7 +242,8 @@ def score(S: Path, which: str) -> None:
 
         config = TrainConfig.load(S / "recipe.json", [*overrides(S, 1), "features=cached"])
         target = load_target(config.target, dtype=config.target_dtype, device="cpu")
-        path = {"shipped": SHIPPED, "previous": S / "drafters" / "previous", "arm-dpace": S / "runs" / f"n{ARM_SIZE}" / "final"}.get(which) \
+        path = {"shipped": SHIPPED, "arm-dpace": S / "runs" / f"n{ARM_SIZE}" / "final"}.get(which) \
+            or (S / "drafters" / which if (S / "drafters" / which).is_dir() else None) \
             or S / "runs" / (which if which.startswith("arm-") else f"n{which}") / "final"
         backbone = DFlashDrafter(load_drafter_model(path, dtype=torch.float32, device="cpu"), target)
         drafter = attach_saved_heads(backbone, path, dtype=torch.float32) if backbone.config.extra.get("heads") else backbone
@@ -329,7 +332,7 @@ def main(argv: list[str]) -> int:
             arm(S, what)
         else:
             raise SystemExit(f"unknown step {step!r}: plan, cache:heldout, cache:N, train:N, overlap, "
-                             "score:N|shipped|previous, arm:NAME")
+                             "score:N|shipped|NAME, arm:NAME")
     print(f"[curve] steps done: {' '.join(steps)}", flush=True)
     return 0
 
