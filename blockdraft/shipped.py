@@ -33,6 +33,8 @@ class ShippedDrafter:
 SHIPPED: dict[str, ShippedDrafter] = {d.name: d for d in (
     ShippedDrafter("qwen2.5-coder-0.5b-instruct-dflash-b8", "qwen2.5-coder-0.5b-instruct",
                    "DFlash drafter, 1 layer, B=8, MLP 2432, trained on 1,600 ShareGPT conversations (teacher-forced labels)"),
+    ShippedDrafter("qwen2.5-coder-1.5b-instruct-dflash-b8", "qwen2.5-coder-1.5b-instruct",
+                   "DFlash drafter, 1 layer, B=8, MLP 1024, trained on 400 ShareGPT conversations (teacher-forced labels)"),
 )}
 
 

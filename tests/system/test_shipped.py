@@ -49,3 +49,15 @@ def test_a_shipped_name_resolves_everywhere_a_drafter_folder_does(tmp_path, monk
         load_drafter("tiny-dflash", target)
     with pytest.raises(ConfigError, match="shipped drafters by name: tiny-dflash"):
         load_drafter(tmp_path / "no-such-drafter", target)
+
+
+def test_the_quickstart_benchmarks_the_drafter_shipped_for_its_target(tmp_path):
+    from blockdraft.quickstart import _methods
+
+    for target in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"):
+        names = [d.name for d in shipped.SHIPPED.values() if d.target == target]
+        assert names, f"nothing shipped for {target}"
+        methods = _methods(target, "small", tmp_path / "drafter")
+        assert [m for m in methods if m.startswith("dflash:") and "/" not in m] == \
+            [f"dflash:{name},tree=measured" for name in names]
+    assert not [m for m in _methods("gemma-3-270m", "small", tmp_path / "drafter") if "-dflash-b8" in m]
