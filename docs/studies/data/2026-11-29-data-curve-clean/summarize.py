@@ -6,9 +6,9 @@
 Copies stages.jsonl, the split and its hash, plan.json, overlap.json, the cache markers, score-*.json, cpu.txt,
 code.commit (and code-arms.commit, the claims' arms' code), each run's train_config.json and metrics.jsonl
 (evaluations and every 100th step; runs/nN and the arms' runs/arm-NAME), the job's own log lines (job.log, the
-arms' arms.log; no progress bars), and writes summary.json: per stage name its rows summed (wall, CPU); how far the one
-feature cache is (sequences, tokens, bytes; its rate per CPU-second over the cache stages); per run its steps,
-seconds a step and held-out evaluations; per score its tau and interval.
+arms' arms.log and arms-core0.log; no progress bars), and writes summary.json: per stage name its rows summed
+(wall, CPU); how far the one feature cache is (sequences, tokens, bytes; its rate per CPU-second over the cache
+stages); per run its steps, seconds a step and held-out evaluations; per score its tau and interval.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
                  *(p.name for p in S.glob("score-*.json"))):
         if (S / name).exists():
             shutil.copy(S / name, out / name)
-    for log, lines in (("job.log", "job-lines.log"), ("arms.log", "arms-lines.log")):
+    for log, lines in (("job.log", "job-lines.log"), ("arms.log", "arms-lines.log"),
+                       ("arms-core0.log", "arms-core0-lines.log")):  # the fifth session's second queue
         if not (S / log).exists():
             continue
         # the job's own lines, without the progress bars
