@@ -27,7 +27,8 @@ pause and resume all of the work, and nothing here reads a wall-clock deadline.
 
 S holds recipe.json, split.json, features/ (one cache, in the split's order: the held-out conversations first,
 then the training order, whose first 100 / 200 / 400 / 1,600 / 6,400 are the sizes), runs/nN/ and the results:
-    stages.jsonl   one row per stage a process ran: wall and CPU seconds (wall includes any pause), max RSS; a
+    stages.jsonl   one row per stage a process ran: wall and CPU seconds (wall includes any pause), max RSS, the
+                   torch threads (THREADS; rows without the field ran on 1); a
                    stage stopped by SIGTERM / SIGINT writes its row too, with "stopped": true (a cache stage then
                    adds how far the cache got); a stage killed otherwise (SIGKILL, the machine) writes none
     cache-N.done   a finished cache size: sequences, tokens, disk bytes
@@ -52,6 +53,7 @@ import torch
 
 HELDOUT = int(os.environ.get("HELDOUT", "200"))
 STEPS_PER_CONVERSATION = int(os.environ.get("STEPS_PER_CONVERSATION", "10"))
+THREADS = int(os.environ.get("THREADS", "1"))  # torch threads of every stage (run.sh pins them to as many cores)
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "2000"))  # held-out evaluations during training (cost, not learning)
 SHIPPED = "qwen2.5-coder-0.5b-instruct-dflash-b8"
 ARM_SIZE = int(os.environ.get("ARM_SIZE", "400"))
@@ -80,7 +82,7 @@ def _stop(signum, frame):
 
 
 def overrides(S: Path, n: int) -> list[str]:
-    return [f"split={S / 'split.json'}", f"heldout={HELDOUT}", f"feature_cache={S / 'features'}", "threads=1",
+    return [f"split={S / 'split.json'}", f"heldout={HELDOUT}", f"feature_cache={S / 'features'}", f"threads={THREADS}",
             f"train_conversations={n}"]
 
 
@@ -107,7 +109,7 @@ def stage(S: Path, name: str, work) -> None:
         stopped = str(signal_name)
     row = {"stage": name, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "wall_s": round(time.monotonic() - wall, 1), "cpu_s": round(time.process_time() - cpu, 1),
-           "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+           "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "threads": THREADS}
     if before is not None:
         after = cache_progress(S)
         row.update(sequences_before=before["sequences"], sequences_after=after["sequences"],
@@ -134,7 +136,7 @@ def cache(S: Path, n: int, label: str) -> None:
     if marker.exists():
         return
     stage(S, f"cache-{label}", lambda: cli(["cache-features", "--config", str(S / "recipe.json"), *overrides(S, n),
-                                            "--out", str(S / "features"), "--threads", "1", "--json"]))
+                                            "--out", str(S / "features"), "--threads", str(THREADS), "--json"]))
     progress = cache_progress(S)
     marker.write_text(json.dumps({"sequences": progress["sequences"], "tokens": progress["tokens"],
                                   "disk_bytes": progress["disk_bytes"]}) + "\n")
@@ -312,7 +314,7 @@ def _plan(S: Path, sizes: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     S, steps = Path(argv[0]), argv[1:]

@@ -15,9 +15,9 @@
 # first curve's, docs/studies/data/2026-11-27-data-curve/recipe.json), the `sharegpt` asset (fetched here), the split
 # ($S/split.json, written once by data/split.py with HELDOUT=200 ids asked; its sha256 in $S/split.sha256), the
 # first curve's split (for overlap.py), the drafter shipped before the current one (drafters/previous, from git),
-# the CPU (cpu.txt). Then this script execs
-# curve.py on one core (CORE, default 1) under nice -n 19, one thread, so the job's PID is the Python process doing
-# the work: SIGSTOP / SIGCONT of it pause and resume everything; SIGTERM ends it after recording the stage.
+# the CPU (cpu.txt). Then this script execs curve.py on CORE (default 1; a taskset list such as "0,1" with
+# THREADS=2) under nice -n 19, THREADS torch threads (default 1), so the job's PID is the Python process doing the
+# work: SIGSTOP / SIGCONT of it pause and resume everything; SIGTERM ends it after recording the stage.
 set -euo pipefail
 export BLOCKDRAFT_HOME=${BLOCKDRAFT_HOME:-$HOME/.cache/blockdraft}
 S=${S:-$BLOCKDRAFT_HOME/studies/data-curve-clean}
@@ -28,10 +28,11 @@ OLD=$REPO/docs/studies/data/2026-11-27-data-curve
 # (issue 43's 1.5B drafter: S=$BLOCKDRAFT_HOME/studies/drafter-1.5b-clean RECIPE=$HERE/recipe-1.5b.json
 # SPLIT=$BLOCKDRAFT_HOME/studies/data-curve-clean/split.json run.sh cache:heldout cache:400 train:400 score:400).
 RECIPE=${RECIPE:-$OLD/recipe.json}
-CORE=${CORE:-1}
+CORE=${CORE:-1}  # taskset's list: "0,1" with THREADS=2 runs a stage on both cores
+export THREADS=${THREADS:-1}
 export HELDOUT=${HELDOUT:-200} STEPS_PER_CONVERSATION=${STEPS_PER_CONVERSATION:-10} EVAL_EVERY=${EVAL_EVERY:-2000}
 STEPS=${STEPS:-"plan cache:heldout score:shipped score:previous overlap cache:400 train:400 score:400 cache:1600 cache:6400 train:1600 score:1600 train:6400 score:6400"}
-export PYTHONPATH=$S/code OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=$S/code OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS TOKENIZERS_PARALLELISM=false
 RUN="taskset -c $CORE nice -n 19"
 mkdir -p "$S"
 
