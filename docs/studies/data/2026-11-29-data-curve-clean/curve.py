@@ -27,10 +27,10 @@ pause and resume all of the work, and nothing here reads a wall-clock deadline.
 
 S holds recipe.json, split.json, features/ (one cache, in the split's order: the held-out conversations first,
 then the training order, whose first 100 / 200 / 400 / 1,600 / 6,400 are the sizes), runs/nN/ and the results:
-    stages.jsonl   one row per stage a process ran: wall and CPU seconds (wall includes any pause), max RSS, the
-                   torch threads (THREADS; rows without the field ran on 1); a
-                   stage stopped by SIGTERM / SIGINT writes its row too, with "stopped": true (a cache stage then
-                   adds how far the cache got); a stage killed otherwise (SIGKILL, the machine) writes none
+    stages.jsonl   one row per stage a process ran: wall and CPU seconds (wall includes any pause), max RSS and the
+                   torch threads (THREADS; rows without the field ran on 1); a stage stopped by SIGTERM /
+                   SIGINT writes its row too, with "stopped": true (a cache stage then adds how far the cache
+                   got); a stage killed otherwise (SIGKILL, the machine) writes none
     cache-N.done   a finished cache size: sequences, tokens, disk bytes
     score-*.json   per held-out conversation (its split id too): full blocks, accepted slots, slot-1 hits, and
                    `by_slot` (how many full blocks accepted at least k slots, k = 1..K); a drafter with slot heads
@@ -82,8 +82,8 @@ def _stop(signum, frame):
 
 
 def overrides(S: Path, n: int) -> list[str]:
-    return [f"split={S / 'split.json'}", f"heldout={HELDOUT}", f"feature_cache={S / 'features'}", f"threads={THREADS}",
-            f"train_conversations={n}"]
+    return [f"split={S / 'split.json'}", f"heldout={HELDOUT}", f"feature_cache={S / 'features'}",
+            f"threads={THREADS}", f"train_conversations={n}"]
 
 
 def cache_progress(S: Path) -> dict:
